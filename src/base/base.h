@@ -1,0 +1,110 @@
+/* base: errors, memory, mapped files, CPU features, half floats, RNG, threads.
+ *
+ * The bottom layer. Everything above may include it; it includes nothing of
+ * ours except the public header (for lp_error). No global mutable state. */
+#ifndef LP_BASE_H
+#define LP_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "loraplex.h"
+
+/* ---- errors ------------------------------------------------------------ */
+
+/* Writes a printf-style message into err (if non-NULL) and returns -1, so a
+ * failing function can `return lp_fail(err, "...")`. */
+int lp_fail(lp_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+/* Prefixes an existing message: "context: old message". */
+int lp_fail_prefix(lp_error *err, const char *fmt, ...)
+    __attribute__((format(printf, 2, 3)));
+
+/* ---- memory ------------------------------------------------------------ */
+
+#define LP_ALIGN 64
+/* 64-byte aligned, zero-filled; NULL on overflow or exhaustion. */
+void *lp_alloc(size_t size);
+void lp_free(void *p);
+/* a*b with overflow check: returns false on overflow. */
+static inline bool lp_mul_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_mul_overflow(a, b, out);
+}
+static inline bool lp_add_ok(size_t a, size_t b, size_t *out) {
+    return !__builtin_add_overflow(a, b, out);
+}
+
+/* A read-only memory-mapped file. Empty files map to data=NULL, size=0. */
+typedef struct lp_mapped_file {
+    const uint8_t *data;
+    size_t size;
+} lp_mapped_file;
+
+int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err);
+void lp_unmap_file(lp_mapped_file *f);
+/* Reads a whole file into a NUL-terminated malloc'd buffer (for small text
+ * files such as JSON configs). */
+int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,
+                 lp_error *err);
+
+/* ---- CPU features -------------------------------------------------------- */
+
+typedef struct lp_cpu_features {
+    bool avx2, fma, f16c;
+    bool avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16;
+    bool avxvnni;
+    bool neon, dotprod;
+} lp_cpu_features;
+
+void lp_cpu_detect(lp_cpu_features *out);
+/* "avx2 fma f16c avx512f ..." for logs. */
+void lp_cpu_describe(const lp_cpu_features *f, char *buf, size_t cap);
+
+/* ---- half floats -------------------------------------------------------- */
+
+float lp_f16_to_f32(uint16_t h);
+uint16_t lp_f32_to_f16(float f); /* round to nearest even */
+static inline float lp_bf16_to_f32(uint16_t h) {
+    union { uint32_t u; float f; } v = { .u = (uint32_t)h << 16 };
+    return v.f;
+}
+uint16_t lp_f32_to_bf16(float f); /* round to nearest even */
+
+/* ---- deterministic RNG (xoshiro256**) ------------------------------------ */
+
+typedef struct lp_rng { uint64_t s[4]; } lp_rng;
+
+void lp_rng_seed(lp_rng *rng, uint64_t seed);
+uint64_t lp_rng_u64(lp_rng *rng);
+float lp_rng_uniform(lp_rng *rng); /* [0, 1) */
+float lp_rng_normal(lp_rng *rng);  /* N(0, 1) */
+
+/* ---- threads ------------------------------------------------------------ */
+
+/* A fixed pool of workers that run one parallel task at a time. The caller's
+ * thread takes part as thread 0, so a pool of 1 runs everything inline. */
+typedef struct lp_threadpool lp_threadpool;
+typedef void (*lp_task_fn)(void *ctx, int thread_index, int n_threads);
+
+lp_threadpool *lp_threadpool_create(int n_threads, lp_error *err);
+void lp_threadpool_destroy(lp_threadpool *pool);
+int lp_threadpool_size(const lp_threadpool *pool);
+/* Runs fn(ctx, i, n) for i in 0..n-1 concurrently and returns when all are
+ * done. pool may be NULL (runs fn(ctx, 0, 1)). */
+void lp_threadpool_run(lp_threadpool *pool, lp_task_fn fn, void *ctx);
+/* Splits [0, n) into n_threads contiguous chunks (aligned to `align`). */
+void lp_split_range(int64_t n, int thread_index, int n_threads, int64_t align,
+                    int64_t *begin, int64_t *end);
+int lp_default_threads(void);
+
+/* ---- time --------------------------------------------------------------- */
+double lp_now_seconds(void); /* monotonic */
+
+/* ---- UTF-8 ---------------------------------------------------------------- */
+/* Length of the valid UTF-8 sequence at s (1..4), or 0 if invalid. */
+int lp_utf8_len(const uint8_t *s, size_t avail);
+bool lp_utf8_valid(const uint8_t *s, size_t n);
+
+#endif

@@ -1,0 +1,49 @@
+/* Tensor element types. The numeric values are GGML's type ids, so a GGUF
+ * tensor's type field maps straight onto this enum. Block layouts are the
+ * GGUF ones (documented in src/kernels/quant.c). */
+#ifndef LP_DTYPE_H
+#define LP_DTYPE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+typedef enum lp_dtype {
+    LP_F32 = 0,
+    LP_F16 = 1,
+    LP_Q4_0 = 2,
+    LP_Q4_1 = 3,
+    LP_Q5_0 = 6,
+    LP_Q5_1 = 7,
+    LP_Q8_0 = 8,
+    LP_Q8_1 = 9,
+    LP_Q2_K = 10,
+    LP_Q3_K = 11,
+    LP_Q4_K = 12,
+    LP_Q5_K = 13,
+    LP_Q6_K = 14,
+    LP_Q8_K = 15,
+    LP_I8 = 24,
+    LP_I16 = 25,
+    LP_I32 = 26,
+    LP_I64 = 27,
+    LP_F64 = 28,
+    LP_BF16 = 30,
+    LP_DTYPE_COUNT = 31
+} lp_dtype;
+
+typedef struct lp_dtype_info {
+    const char *name;   /* "F32", "Q4_K", ... ; NULL for unknown ids */
+    int block_elems;    /* elements per block (1 for plain types) */
+    int block_bytes;    /* bytes per block */
+    bool supported;     /* we can dequantize it */
+} lp_dtype_info;
+
+/* Info for a raw type id; returns NULL for ids we don't know. */
+const lp_dtype_info *lp_dtype_get(uint32_t type_id);
+/* Bytes of one row of n elements; 0 if the type is unknown or n is not a
+ * multiple of the block size. */
+size_t lp_dtype_row_bytes(uint32_t type_id, uint64_t n);
+const char *lp_dtype_name(uint32_t type_id);
+
+#endif
