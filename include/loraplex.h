@@ -1,10 +1,23 @@
 /* loraplex: one frozen Llama-family model, many adapters, on a CPU.
  *
- * The whole public C API. Opaque handles, explicit errors (every fallible call
- * takes an lp_error * and returns NULL / negative on failure with a
- * human-readable message in err->message), no global state. A model is
- * immutable after loading and may be shared by any number of contexts; a
- * context is used by one thread at a time. */
+ * The whole public C API. Opaque handles, explicit errors (every fallible
+ * call takes an lp_error * and returns NULL / a negative value on failure with
+ * a human-readable message in err->message), no global state.
+ *
+ * Threading: a model is immutable after loading and may be shared by any
+ * number of contexts in any threads; a context is used by one thread at a
+ * time (it owns its worker threads).
+ *
+ * The model of computation (see docs and DESIGN.md §2):
+ *   - a context owns a paged KV cache holding up to max_sequences sequences;
+ *   - lp_forward runs ONE batch of rows through the model. A row is a token
+ *     at a position in a sequence. It sees its sequence's committed KV plus
+ *     its chain of parent rows in the same batch (parent = -1: none). Prefill
+ *     is a chain of rows, decode is one row per sequence, a speculative tree
+ *     is a tree of rows;
+ *   - rows flagged `commit` are appended to their sequence's KV after the
+ *     pass; others can be committed later with lp_commit_rows (until the
+ *     next forward). */
 #ifndef LORAPLEX_H
 #define LORAPLEX_H
 
@@ -16,9 +29,174 @@
 extern "C" {
 #endif
 
+#define LORAPLEX_VERSION "0.1.0"
+
 typedef struct lp_error {
     char message[512];
 } lp_error;
+
+typedef struct lp_model lp_model;
+typedef struct lp_context lp_context;
+typedef struct lp_sampler lp_sampler;
+
+/* ---- models ------------------------------------------------------------- */
+
+typedef struct lp_model_params {
+    /* llama2.c checkpoints keep the vocabulary in a separate file; NULL
+     * looks for tokenizer.bin next to the checkpoint. Ignored otherwise. */
+    const char *tokenizer_path;
+} lp_model_params;
+
+/* Loads a GGUF file, a Hugging Face model directory (config.json +
+ * safetensors + tokenizer.json) or a llama2.c checkpoint (.bin).
+ * params may be NULL. */
+lp_model *lp_model_load(const char *path, const lp_model_params *params,
+                        lp_error *err);
+void lp_model_free(lp_model *model);
+
+typedef struct lp_model_info {
+    const char *arch;         /* "llama", "qwen2", "qwen3" */
+    const char *format;       /* "gguf", "safetensors", "llama2c" */
+    const char *name;         /* general.name or "" */
+    int n_vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim;
+    int n_ctx_train;
+    float rope_theta, rms_eps;
+    bool rope_neox, rope_freq_factors, tied_output;
+    uint64_t n_params;
+    uint64_t weight_bytes;    /* bytes of all weights as stored */
+    const char *tokenizer;    /* "spm" or "bpe" */
+    const char *chat_format;  /* "llama3", "chatml", "llama2", "mistral", "none" */
+} lp_model_info;
+
+void lp_model_get_info(const lp_model *model, lp_model_info *info);
+/* Type name of a named tensor kind for info output: "F16", "Q4_0", ...
+ * Calls fn once per weight matrix (name, type, rows, cols). */
+void lp_model_foreach_weight(const lp_model *model,
+                             void (*fn)(void *user, const char *name,
+                                        const char *type, int64_t rows,
+                                        int64_t cols),
+                             void *user);
+
+/* ---- tokens ------------------------------------------------------------- */
+
+/* Returns the token count (may exceed cap: then only cap are written), or -1. */
+int lp_tokenize(const lp_model *model, const char *text, size_t len,
+                bool add_bos, bool parse_special, int32_t *out, int cap,
+                lp_error *err);
+/* Bytes of one token's text (may be partial UTF-8). Returns the length needed. */
+size_t lp_token_to_piece(const lp_model *model, int32_t token, char *buf,
+                         size_t cap);
+int32_t lp_token_bos(const lp_model *model);
+int32_t lp_token_eos(const lp_model *model);
+bool lp_token_is_eog(const lp_model *model, int32_t token);
+bool lp_model_add_bos(const lp_model *model);
+
+typedef struct lp_message {
+    const char *role;
+    const char *content;
+} lp_message;
+
+/* Renders a chat with the model's template; malloc'd string, caller frees. */
+char *lp_chat_apply(const lp_model *model, const lp_message *msgs, int n,
+                    bool add_generation_prompt, lp_error *err);
+
+/* ---- contexts and the batched forward ------------------------------------ */
+
+typedef struct lp_context_params {
+    int n_threads;        /* 0: all cores */
+    int max_rows;         /* rows per forward (default 512) */
+    int max_sequences;    /* default 16 */
+    int max_logit_rows;   /* rows per forward that may ask for logits (default 64) */
+    int n_ctx;            /* KV capacity in tokens over all sequences
+                             (default: min(model's, 4096) * 1) */
+    int max_seq_len;      /* longest one sequence may get (default n_ctx) */
+} lp_context_params;
+
+lp_context_params lp_context_default_params(void);
+lp_context *lp_context_create(const lp_model *model,
+                              const lp_context_params *params, lp_error *err);
+void lp_context_free(lp_context *ctx);
+const lp_model *lp_context_model(const lp_context *ctx);
+
+typedef struct lp_row {
+    int32_t token;
+    int32_t pos;
+    int32_t seq;
+    int32_t adapter;      /* reserved: adapter slot, 0 = base */
+    int32_t parent;       /* index of an earlier row of the same sequence in
+                             this batch that this row may see, with its own
+                             parents; -1 = only committed KV */
+    bool logits;          /* compute logits for this row */
+    bool commit;          /* append this row's KV to its sequence */
+} lp_row;
+
+/* Runs the batch. Never allocates. */
+int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err);
+/* Logits (n_vocab floats) of row i of the last forward, NULL if that row
+ * did not ask for logits. */
+const float *lp_logits(const lp_context *ctx, int row);
+/* Commits rows of the last forward (in the order given) to their sequences. */
+int lp_commit_rows(lp_context *ctx, const int *rows, int n, lp_error *err);
+
+/* Sequences: ids 0..max_sequences-1. */
+int lp_seq_length(const lp_context *ctx, int seq);
+/* Drops a sequence's KV (frees its blocks unless shared). */
+void lp_seq_clear(lp_context *ctx, int seq);
+/* Keeps the first n entries. */
+int lp_seq_truncate(lp_context *ctx, int seq, int n, lp_error *err);
+/* dst becomes a copy of src sharing all KV blocks (no data copied). */
+int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err);
+/* KV blocks in use / total (for tests and memory reports). */
+void lp_kv_usage(const lp_context *ctx, int *blocks_used, int *blocks_total,
+                 int *block_tokens);
+
+/* ---- sampling ------------------------------------------------------------- */
+
+typedef struct lp_sampler_params {
+    float temperature;    /* 0 = greedy */
+    int top_k;            /* 0 = off */
+    float top_p;          /* 1 = off */
+    float min_p;          /* 0 = off */
+    float repeat_penalty; /* 1 = off */
+    int repeat_last_n;    /* tokens of history the penalty looks at */
+    uint64_t seed;
+} lp_sampler_params;
+
+lp_sampler_params lp_sampler_default_params(void);
+lp_sampler *lp_sampler_create(const lp_model *model,
+                              const lp_sampler_params *params, lp_error *err);
+void lp_sampler_free(lp_sampler *s);
+void lp_sampler_reset(lp_sampler *s, uint64_t seed);
+/* Picks a token from logits (not modified); history: tokens so far. */
+int32_t lp_sampler_sample(lp_sampler *s, const float *logits,
+                          const int32_t *history, int n_history);
+
+/* ---- generation ------------------------------------------------------------ */
+
+/* Called with each piece of output text; return false to stop. */
+typedef bool (*lp_text_fn)(void *user, const char *text, size_t len);
+
+typedef struct lp_generate_params {
+    int n_predict;              /* max new tokens */
+    const char *const *stop;    /* stop strings, n_stop of them */
+    int n_stop;
+    bool stop_at_eog;           /* default true */
+    int seq;                    /* sequence to use (cleared first) */
+} lp_generate_params;
+
+typedef struct lp_generate_stats {
+    int n_prompt, n_generated;
+    double prefill_seconds, decode_seconds;
+    const char *stop_reason;    /* "eog", "stop", "length", "callback", "context" */
+} lp_generate_stats;
+
+lp_generate_params lp_generate_default_params(void);
+/* Prefills the prompt tokens in batches of max_rows, then decodes one token
+ * at a time, streaming text (with stop strings held back until resolved). */
+int lp_generate(lp_context *ctx, lp_sampler *sampler, const int32_t *prompt,
+                int n_prompt, const lp_generate_params *params, lp_text_fn fn,
+                void *user, int32_t *out_tokens, int out_cap,
+                lp_generate_stats *stats, lp_error *err);
 
 #ifdef __cplusplus
 }

@@ -1,0 +1,24 @@
+/* Subcommands of the loraplex tool and their shared option parsing. */
+#ifndef LP_CLI_H
+#define LP_CLI_H
+
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "loraplex.h"
+
+int cli_run(int argc, char **argv);
+int cli_info(int argc, char **argv);
+int cli_tokenize(int argc, char **argv);
+int cli_synth(int argc, char **argv);
+
+/* Option parsing: each returns false (after printing why) on a bad value. */
+bool cli_int(const char *opt, const char *text, long min, long max, long *out);
+bool cli_float(const char *opt, const char *text, double min, double max, double *out);
+/* argv[i] must have a value after it; returns it and advances i. */
+const char *cli_value(int argc, char **argv, int *i);
+
+/* Prints "loraplex: <what>: <message>" and returns 1. */
+int cli_fail(const char *what, const lp_error *err);
+
+#endif

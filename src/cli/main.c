@@ -1,0 +1,46 @@
+/* loraplex command-line tool: one binary, one subcommand per job.
+ * Generated text goes to stdout; logs, timings and errors to stderr. */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "cli.h"
+
+static void usage(FILE *out) {
+    fprintf(out,
+            "loraplex %s: a multi-adapter LLM runtime for CPUs\n\n"
+            "usage: loraplex COMMAND [options]\n\n"
+            "commands:\n"
+            "  run       generate text from a prompt          (loraplex run -m MODEL -p TEXT)\n"
+            "  info      describe a model file                (loraplex info MODEL)\n"
+            "  tokenize  print the tokens of a text           (loraplex tokenize MODEL TEXT)\n"
+            "  synth     write a random model of a real shape (loraplex synth --preset NAME -o OUT)\n"
+            "\nrun 'loraplex COMMAND --help' for a command's options.\n",
+            LORAPLEX_VERSION);
+}
+
+int main(int argc, char **argv) {
+    if (argc < 2) {
+        usage(stderr);
+        return 2;
+    }
+    const char *cmd = argv[1];
+    if (!strcmp(cmd, "-h") || !strcmp(cmd, "--help") || !strcmp(cmd, "help")) {
+        usage(stdout);
+        return 0;
+    }
+    if (!strcmp(cmd, "--version")) {
+        printf("loraplex %s\n", LORAPLEX_VERSION);
+        return 0;
+    }
+    if (!strcmp(cmd, "run")) return cli_run(argc - 1, argv + 1);
+    if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
+    if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
+    if (!strcmp(cmd, "synth")) return cli_synth(argc - 1, argv + 1);
+    fprintf(stderr, "loraplex: unknown command '%s'\n\n", cmd);
+    usage(stderr);
+    return 2;
+}

@@ -1,0 +1,65 @@
+/* A context: the frozen plan (scratch buffers sized once from max_rows,
+ * max_sequences and the KV budget), the paged KV cache, and the worker
+ * threads. lp_forward runs a batch of rows through it without allocating. */
+#ifndef LP_CONTEXT_H
+#define LP_CONTEXT_H
+
+#include "model.h"
+
+/* KV entries live in fixed-size blocks shared by reference count. A block
+ * holds block_tokens entries for every layer, laid out
+ * [layer][kv_head][token][head_dim] so one head's keys are contiguous. */
+typedef struct lp_kv_cache {
+    int block_tokens;
+    int n_blocks;
+    int n_layers, n_kv_heads, head_dim;
+    size_t block_floats;   /* floats per block for K (same for V) */
+    float *k, *v;
+    int *refcount;         /* per block; 0 = free */
+    int *free_list;        /* stack of free block ids */
+    int n_free;
+} lp_kv_cache;
+
+typedef struct lp_seq {
+    int length;            /* committed entries */
+    int *blocks;           /* max_blocks_per_seq block ids */
+} lp_seq;
+
+struct lp_context {
+    const lp_model *model;
+    lp_kernels kern;
+    lp_threadpool *pool;
+    lp_context_params params;
+    int max_blocks_per_seq;
+
+    lp_kv_cache kv;
+    lp_seq *seqs;
+
+    /* the plan: scratch buffers, sized for max_rows rows */
+    float *x;          /* [rows][dim] residual stream */
+    float *xn;         /* [rows][max(dim, q_dim)] normalised input / attention output */
+    float *q;          /* [rows][q_dim] */
+    float *k_new;      /* [layers][rows][kv_dim] this batch's keys (roped) */
+    float *v_new;      /* [layers][rows][kv_dim] */
+    float *gate, *up;  /* [rows][ffn_dim] */
+    float *rope_cos, *rope_sin; /* [rows][head_dim/2] */
+    float *scores;     /* [threads][max_seq_len + max_rows] */
+    float *logit_in;   /* [logit_rows][dim] */
+    float *logits;     /* [logit_rows][n_vocab] */
+    int *logit_slot;   /* [rows] index into logits or -1 */
+    lp_row *rows;      /* [rows] copy of the last batch */
+    int n_rows;
+    int *commit_count; /* [max_sequences] scratch for capacity checks */
+};
+
+/* KV helpers shared by forward and the sequence API (kv.c). */
+float *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token);
+float *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token);
+/* Blocks a sequence needs to grow by n entries (counting a copy-on-write of a
+ * shared partial last block). */
+int lp_kv_blocks_needed(const lp_context *ctx, int seq, int n);
+/* Appends row r of the last forward to its sequence (capacity checked by
+ * the caller). */
+void lp_kv_append_row(lp_context *ctx, int r);
+
+#endif

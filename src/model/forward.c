@@ -1,0 +1,409 @@
+/* The one forward pass, and the context that plans its buffers.
+ *
+ * A batch of rows goes through the layers together: every matrix multiply
+ * sees all rows at once (so prefill reuses each weight row across tokens),
+ * and attention lets each row see its sequence's committed KV plus its chain
+ * of parent rows in the batch. Prefill, decode of many sequences and
+ * speculative trees are all just batches. */
+#include "context.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define KV_BLOCK_TOKENS 32
+#define MAX_POSITION (1 << 24)
+
+lp_context_params lp_context_default_params(void) {
+    lp_context_params p = {0};
+    p.n_threads = 0;
+    p.max_rows = 512;
+    p.max_sequences = 16;
+    p.max_logit_rows = 64;
+    p.n_ctx = 0;
+    p.max_seq_len = 0;
+    return p;
+}
+
+/* ---- context creation: the plan ------------------------------------------------- */
+
+static void *plan_alloc(size_t count, size_t elem, bool *ok) {
+    size_t bytes;
+    if (!lp_mul_ok(count, elem, &bytes)) {
+        *ok = false;
+        return NULL;
+    }
+    void *p = lp_alloc(bytes);
+    if (!p) *ok = false;
+    return p;
+}
+
+static int resolve_params(const lp_model *m, const lp_context_params *in,
+                          lp_context_params *p, lp_error *err) {
+    *p = in ? *in : lp_context_default_params();
+    if (p->n_threads <= 0) p->n_threads = lp_default_threads();
+    if (p->max_rows <= 0) p->max_rows = 512;
+    if (p->max_sequences <= 0) p->max_sequences = 16;
+    if (p->max_logit_rows <= 0) p->max_logit_rows = 64;
+    if (p->max_logit_rows > p->max_rows) p->max_logit_rows = p->max_rows;
+    if (p->n_ctx <= 0) p->n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
+    if (p->n_ctx < 1) p->n_ctx = 4096;
+    if (p->max_seq_len <= 0 || p->max_seq_len > p->n_ctx) p->max_seq_len = p->n_ctx;
+    if (p->max_rows > 65536 || p->max_sequences > 65536 || p->n_ctx > (1 << 24))
+        return lp_fail(err, "context parameters out of range (max_rows %d, max_sequences %d, n_ctx %d)",
+                       p->max_rows, p->max_sequences, p->n_ctx);
+    return 0;
+}
+
+static int kv_init(lp_context *ctx, lp_error *err) {
+    const lp_hparams *hp = &ctx->model->hp;
+    lp_kv_cache *kv = &ctx->kv;
+    kv->block_tokens = KV_BLOCK_TOKENS;
+    kv->n_layers = hp->n_layers;
+    kv->n_kv_heads = hp->n_kv_heads;
+    kv->head_dim = hp->head_dim;
+    /* Budget: n_ctx tokens, plus one spare block per sequence for the
+     * copy-on-write of a shared partial block. */
+    kv->n_blocks = (ctx->params.n_ctx + kv->block_tokens - 1) / kv->block_tokens +
+                   ctx->params.max_sequences;
+    kv->block_floats = (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
+                       (size_t)kv->block_tokens * (size_t)hp->head_dim;
+    bool ok = true;
+    size_t total;
+    if (!lp_mul_ok(kv->block_floats, (size_t)kv->n_blocks, &total))
+        return lp_fail(err, "KV cache size overflows");
+    kv->k = plan_alloc(total, sizeof(float), &ok);
+    kv->v = plan_alloc(total, sizeof(float), &ok);
+    kv->refcount = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
+    kv->free_list = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
+    if (!ok) return lp_fail(err, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);
+    for (int b = 0; b < kv->n_blocks; b++) kv->free_list[b] = kv->n_blocks - 1 - b;
+    kv->n_free = kv->n_blocks;
+
+    ctx->max_blocks_per_seq = (ctx->params.max_seq_len + kv->block_tokens - 1) / kv->block_tokens;
+    ctx->seqs = plan_alloc((size_t)ctx->params.max_sequences, sizeof(lp_seq), &ok);
+    for (int s = 0; ok && s < ctx->params.max_sequences; s++)
+        ctx->seqs[s].blocks = plan_alloc((size_t)ctx->max_blocks_per_seq, sizeof(int), &ok);
+    return ok ? 0 : lp_fail(err, "out of memory for sequence tables");
+}
+
+lp_context *lp_context_create(const lp_model *m, const lp_context_params *params,
+                              lp_error *err) {
+    lp_context *ctx = calloc(1, sizeof *ctx);
+    if (!ctx) {
+        lp_fail(err, "out of memory");
+        return NULL;
+    }
+    ctx->model = m;
+    if (resolve_params(m, params, &ctx->params, err)) goto fail;
+    lp_cpu_features cpu;
+    lp_cpu_detect(&cpu);
+    lp_kernels_init(&ctx->kern, &cpu);
+    ctx->pool = lp_threadpool_create(ctx->params.n_threads, err);
+    if (!ctx->pool) goto fail;
+    if (kv_init(ctx, err)) goto fail;
+
+    const lp_hparams *hp = &m->hp;
+    size_t rows = (size_t)ctx->params.max_rows, logit_rows = (size_t)ctx->params.max_logit_rows;
+    size_t q_dim = (size_t)hp->n_heads * (size_t)hp->head_dim;
+    size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+    size_t wide = q_dim > (size_t)hp->dim ? q_dim : (size_t)hp->dim;
+    size_t score_len = (size_t)ctx->params.max_seq_len + rows;
+    bool ok = true;
+    ctx->x = plan_alloc(rows * (size_t)hp->dim, sizeof(float), &ok);
+    ctx->xn = plan_alloc(rows * wide, sizeof(float), &ok);
+    ctx->q = plan_alloc(rows * q_dim, sizeof(float), &ok);
+    ctx->k_new = plan_alloc((size_t)hp->n_layers * rows * kv_dim, sizeof(float), &ok);
+    ctx->v_new = plan_alloc((size_t)hp->n_layers * rows * kv_dim, sizeof(float), &ok);
+    /* gate doubles as the attention-projection output, so it is at least dim wide */
+    size_t gate_w = (size_t)hp->ffn_dim > (size_t)hp->dim ? (size_t)hp->ffn_dim : (size_t)hp->dim;
+    ctx->gate = plan_alloc(rows * gate_w, sizeof(float), &ok);
+    ctx->up = plan_alloc(rows * (size_t)hp->ffn_dim, sizeof(float), &ok);
+    ctx->rope_cos = plan_alloc(rows * (size_t)(hp->head_dim / 2), sizeof(float), &ok);
+    ctx->rope_sin = plan_alloc(rows * (size_t)(hp->head_dim / 2), sizeof(float), &ok);
+    ctx->scores = plan_alloc((size_t)ctx->params.n_threads * score_len, sizeof(float), &ok);
+    ctx->logit_in = plan_alloc(logit_rows * (size_t)hp->dim, sizeof(float), &ok);
+    ctx->logits = plan_alloc(logit_rows * (size_t)hp->n_vocab, sizeof(float), &ok);
+    ctx->logit_slot = plan_alloc(rows, sizeof(int), &ok);
+    ctx->rows = plan_alloc(rows, sizeof(lp_row), &ok);
+    ctx->commit_count = plan_alloc((size_t)ctx->params.max_sequences, sizeof(int), &ok);
+    if (!ok) {
+        lp_fail(err, "out of memory planning buffers for %zu rows", rows);
+        goto fail;
+    }
+    return ctx;
+fail:
+    lp_context_free(ctx);
+    return NULL;
+}
+
+void lp_context_free(lp_context *ctx) {
+    if (!ctx) return;
+    lp_threadpool_destroy(ctx->pool);
+    lp_free(ctx->kv.k);
+    lp_free(ctx->kv.v);
+    lp_free(ctx->kv.refcount);
+    lp_free(ctx->kv.free_list);
+    if (ctx->seqs)
+        for (int s = 0; s < ctx->params.max_sequences; s++) lp_free(ctx->seqs[s].blocks);
+    lp_free(ctx->seqs);
+    void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->k_new, ctx->v_new, ctx->gate, ctx->up,
+                    ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
+                    ctx->logit_slot, ctx->rows, ctx->commit_count};
+    for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(bufs[i]);
+    free(ctx);
+}
+
+const lp_model *lp_context_model(const lp_context *ctx) { return ctx->model; }
+
+/* ---- batch validation ------------------------------------------------------------ */
+
+static int validate_batch(lp_context *ctx, const lp_row *rows, int n, lp_error *err) {
+    const lp_context_params *p = &ctx->params;
+    if (n < 1 || n > p->max_rows)
+        return lp_fail(err, "batch of %d rows (this context takes 1 to %d)", n, p->max_rows);
+    int n_logits = 0;
+    memset(ctx->commit_count, 0, (size_t)p->max_sequences * sizeof(int));
+    for (int i = 0; i < n; i++) {
+        const lp_row *r = &rows[i];
+        if (r->token < 0 || r->token >= ctx->model->hp.n_vocab)
+            return lp_fail(err, "row %d: token %d is outside the vocabulary (%d)", i, r->token,
+                           ctx->model->hp.n_vocab);
+        if (r->seq < 0 || r->seq >= p->max_sequences)
+            return lp_fail(err, "row %d: sequence %d does not exist (0..%d)", i, r->seq,
+                           p->max_sequences - 1);
+        if (r->pos < 0 || r->pos >= MAX_POSITION)
+            return lp_fail(err, "row %d: position %d out of range", i, r->pos);
+        if (r->adapter != 0)
+            return lp_fail(err, "row %d: adapter slot %d is not bound", i, r->adapter);
+        if (r->parent < -1 || r->parent >= i)
+            return lp_fail(err, "row %d: parent %d must be an earlier row or -1", i, r->parent);
+        if (r->parent >= 0 && rows[r->parent].seq != r->seq)
+            return lp_fail(err, "row %d: parent row %d belongs to another sequence", i, r->parent);
+        if (r->logits) n_logits++;
+        if (r->commit) ctx->commit_count[r->seq]++;
+    }
+    if (n_logits > p->max_logit_rows)
+        return lp_fail(err, "%d rows ask for logits (this context allows %d)", n_logits,
+                       p->max_logit_rows);
+    int blocks = 0;
+    for (int s = 0; s < p->max_sequences; s++) {
+        int c = ctx->commit_count[s];
+        if (c == 0) continue;
+        if (ctx->seqs[s].length + c > p->max_seq_len)
+            return lp_fail(err, "sequence %d would grow to %d tokens (limit %d)", s,
+                           ctx->seqs[s].length + c, p->max_seq_len);
+        blocks += lp_kv_blocks_needed(ctx, s, c);
+    }
+    if (blocks > ctx->kv.n_free)
+        return lp_fail(err, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
+    return 0;
+}
+
+/* ---- per-row helpers ----------------------------------------------------------------- */
+
+static void rope_tables(lp_context *ctx) {
+    const lp_model *m = ctx->model;
+    int half = m->hp.head_dim / 2;
+    for (int r = 0; r < ctx->n_rows; r++) {
+        float pos = (float)ctx->rows[r].pos;
+        for (int i = 0; i < half; i++) {
+            float angle = pos * m->rope_inv_freq[i];
+            ctx->rope_cos[(size_t)r * half + i] = cosf(angle);
+            ctx->rope_sin[(size_t)r * half + i] = sinf(angle);
+        }
+    }
+}
+
+/* Rotates every head of one row's q or k. Normal rope pairs (2i, 2i+1);
+ * NEOX pairs (i, i + d/2). */
+static void rope_apply(const lp_context *ctx, int r, float *vec, int n_heads) {
+    const lp_hparams *hp = &ctx->model->hp;
+    int half = hp->head_dim / 2;
+    const float *c = ctx->rope_cos + (size_t)r * half, *s = ctx->rope_sin + (size_t)r * half;
+    for (int h = 0; h < n_heads; h++) {
+        float *v = vec + (size_t)h * hp->head_dim;
+        for (int i = 0; i < half; i++) {
+            int a = hp->rope_neox ? i : 2 * i, b = hp->rope_neox ? i + half : 2 * i + 1;
+            float x0 = v[a], x1 = v[b];
+            v[a] = x0 * c[i] - x1 * s[i];
+            v[b] = x0 * s[i] + x1 * c[i];
+        }
+    }
+}
+
+static void add_bias(float *y, const float *bias, int64_t n) {
+    if (bias)
+        for (int64_t i = 0; i < n; i++) y[i] += bias[i];
+}
+
+/* ---- attention --------------------------------------------------------------------------- */
+
+typedef struct attention_task {
+    lp_context *ctx;
+    int layer;
+} attention_task;
+
+/* One (row, head): softmax(q·K/sqrt(d)) V over the sequence's committed
+ * entries followed by the row's parent chain (nearest last). */
+static void attend_one(lp_context *ctx, int layer, int r, int h, float *scores) {
+    const lp_hparams *hp = &ctx->model->hp;
+    const lp_kv_cache *kv = &ctx->kv;
+    int d = hp->head_dim, g = h / (hp->n_heads / hp->n_kv_heads);
+    size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)d, rows = (size_t)ctx->params.max_rows;
+    const float *q = ctx->q + ((size_t)r * hp->n_heads + (size_t)h) * (size_t)d;
+    const lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
+    float scale = 1.0f / sqrtf((float)d);
+    int n = 0;
+    for (int t = 0; t < s->length; t++) {
+        const float *k = lp_kv_key(kv, s->blocks[t / kv->block_tokens], layer, g,
+                                   t % kv->block_tokens);
+        scores[n++] = ctx->kern.dot_f32(q, k, d) * scale;
+    }
+    const float *k_batch = ctx->k_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
+    const float *v_batch = ctx->v_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
+    /* The chain is walked from the row upwards; scores are stored in that
+     * order after the committed ones and read back the same way. */
+    for (int a = r; a >= 0; a = ctx->rows[a].parent)
+        scores[n++] = ctx->kern.dot_f32(q, k_batch + (size_t)a * kv_dim, d) * scale;
+    lp_softmax(scores, n);
+
+    float *out = ctx->xn + ((size_t)r * hp->n_heads + (size_t)h) * (size_t)d;
+    memset(out, 0, (size_t)d * sizeof(float));
+    n = 0;
+    for (int t = 0; t < s->length; t++) {
+        const float *v = lp_kv_value(kv, s->blocks[t / kv->block_tokens], layer, g,
+                                     t % kv->block_tokens);
+        lp_axpy(out, scores[n++], v, d);
+    }
+    for (int a = r; a >= 0; a = ctx->rows[a].parent)
+        lp_axpy(out, scores[n++], v_batch + (size_t)a * kv_dim, d);
+}
+
+static void attention_worker(void *arg, int thread, int n_threads) {
+    attention_task *task = arg;
+    lp_context *ctx = task->ctx;
+    int n_heads = ctx->model->hp.n_heads;
+    float *scores = ctx->scores + (size_t)thread * ((size_t)ctx->params.max_seq_len +
+                                                    (size_t)ctx->params.max_rows);
+    int64_t begin, end;
+    lp_split_range((int64_t)ctx->n_rows * n_heads, thread, n_threads, 1, &begin, &end);
+    for (int64_t i = begin; i < end; i++)
+        attend_one(ctx, task->layer, (int)(i / n_heads), (int)(i % n_heads), scores);
+}
+
+/* ---- the layer ------------------------------------------------------------------------------- */
+
+static void matmul(lp_context *ctx, const lp_weight *w, const float *x, int64_t x_stride,
+                   float *y, int64_t y_stride, int64_t n) {
+    lp_matmul(&ctx->kern, ctx->pool, w, x, x_stride, n, y, y_stride);
+}
+
+static void layer_forward(lp_context *ctx, int l) {
+    const lp_model *m = ctx->model;
+    const lp_hparams *hp = &m->hp;
+    const lp_layer *L = &m->layers[l];
+    int n = ctx->n_rows;
+    int64_t dim = hp->dim, d = hp->head_dim;
+    int64_t q_dim = hp->n_heads * d, kv_dim = hp->n_kv_heads * d;
+    size_t rows = (size_t)ctx->params.max_rows;
+    float *k_new = ctx->k_new + (size_t)l * rows * (size_t)kv_dim;
+    float *v_new = ctx->v_new + (size_t)l * rows * (size_t)kv_dim;
+
+    /* attention block */
+    for (int r = 0; r < n; r++)
+        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, L->attn_norm, dim, hp->rms_eps);
+    matmul(ctx, &L->wq, ctx->xn, dim, ctx->q, q_dim, n);
+    matmul(ctx, &L->wk, ctx->xn, dim, k_new, kv_dim, n);
+    matmul(ctx, &L->wv, ctx->xn, dim, v_new, kv_dim, n);
+    for (int r = 0; r < n; r++) {
+        float *q = ctx->q + r * q_dim, *k = k_new + r * kv_dim;
+        add_bias(q, L->bq, q_dim);
+        add_bias(k, L->bk, kv_dim);
+        add_bias(v_new + r * kv_dim, L->bv, kv_dim);
+        if (L->q_norm) {
+            for (int h = 0; h < hp->n_heads; h++) lp_rmsnorm(q + h * d, q + h * d, L->q_norm, d, hp->rms_eps);
+            for (int h = 0; h < hp->n_kv_heads; h++) lp_rmsnorm(k + h * d, k + h * d, L->k_norm, d, hp->rms_eps);
+        }
+        rope_apply(ctx, r, q, hp->n_heads);
+        rope_apply(ctx, r, k, hp->n_kv_heads);
+    }
+    attention_task task = {ctx, l};
+    lp_threadpool_run(ctx->pool, attention_worker, &task);
+    /* attention output (in xn, q_dim wide) -> gate buffer as scratch, then residual */
+    matmul(ctx, &L->wo, ctx->xn, q_dim, ctx->gate, dim, n);
+    for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
+
+    /* feed-forward block */
+    int64_t ffn = hp->ffn_dim;
+    for (int r = 0; r < n; r++)
+        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, L->ffn_norm, dim, hp->rms_eps);
+    matmul(ctx, &L->w_gate, ctx->xn, dim, ctx->gate, ffn, n);
+    matmul(ctx, &L->w_up, ctx->xn, dim, ctx->up, ffn, n);
+    for (int r = 0; r < n; r++) lp_silu_mul(ctx->gate + r * ffn, ctx->up + r * ffn, ffn);
+    matmul(ctx, &L->w_down, ctx->gate, ffn, ctx->xn, dim, n);
+    for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
+}
+
+int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
+    if (validate_batch(ctx, rows, n_rows, err)) return -1;
+    const lp_model *m = ctx->model;
+    const lp_hparams *hp = &m->hp;
+    int64_t dim = hp->dim;
+    memcpy(ctx->rows, rows, (size_t)n_rows * sizeof *rows);
+    ctx->n_rows = n_rows;
+
+    for (int r = 0; r < n_rows; r++) {
+        const uint8_t *src = (const uint8_t *)m->tok_embd.data +
+                             (size_t)rows[r].token * m->tok_embd.row_bytes;
+        lp_dequantize_row(m->tok_embd.type, src, ctx->x + r * dim, dim);
+    }
+    rope_tables(ctx);
+    for (int l = 0; l < hp->n_layers; l++) layer_forward(ctx, l);
+
+    int n_logits = 0;
+    for (int r = 0; r < n_rows; r++) {
+        ctx->logit_slot[r] = rows[r].logits ? n_logits : -1;
+        if (rows[r].logits) {
+            lp_rmsnorm(ctx->logit_in + n_logits * dim, ctx->x + r * dim, m->output_norm, dim,
+                       hp->rms_eps);
+            n_logits++;
+        }
+    }
+    if (n_logits > 0)
+        matmul(ctx, &m->output, ctx->logit_in, dim, ctx->logits, hp->n_vocab, n_logits);
+
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r].commit) lp_kv_append_row(ctx, r);
+    return 0;
+}
+
+const float *lp_logits(const lp_context *ctx, int row) {
+    if (row < 0 || row >= ctx->n_rows || ctx->logit_slot[row] < 0) return NULL;
+    return ctx->logits + (size_t)ctx->logit_slot[row] * (size_t)ctx->model->hp.n_vocab;
+}
+
+int lp_commit_rows(lp_context *ctx, const int *rows, int n, lp_error *err) {
+    memset(ctx->commit_count, 0, (size_t)ctx->params.max_sequences * sizeof(int));
+    for (int i = 0; i < n; i++) {
+        if (rows[i] < 0 || rows[i] >= ctx->n_rows)
+            return lp_fail(err, "row %d is not in the last batch", rows[i]);
+        if (ctx->rows[rows[i]].commit)
+            return lp_fail(err, "row %d was already committed", rows[i]);
+        ctx->commit_count[ctx->rows[rows[i]].seq]++;
+    }
+    int blocks = 0;
+    for (int s = 0; s < ctx->params.max_sequences; s++) {
+        int c = ctx->commit_count[s];
+        if (c && ctx->seqs[s].length + c > ctx->params.max_seq_len)
+            return lp_fail(err, "sequence %d would exceed %d tokens", s, ctx->params.max_seq_len);
+        blocks += lp_kv_blocks_needed(ctx, s, c);
+    }
+    if (blocks > ctx->kv.n_free)
+        return lp_fail(err, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
+    for (int i = 0; i < n; i++) {
+        lp_kv_append_row(ctx, rows[i]);
+        ctx->rows[rows[i]].commit = true;
+    }
+    return 0;
+}

@@ -1,0 +1,123 @@
+/* Paged KV cache: blocks with reference counts, sequences as block lists,
+ * fork by sharing, copy-on-write of a shared partial block on append. */
+#include "context.h"
+
+#include <string.h>
+
+static size_t block_offset(const lp_kv_cache *kv, int block, int layer, int head, int token) {
+    return (size_t)block * kv->block_floats +
+           (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->block_tokens +
+            (size_t)token) * (size_t)kv->head_dim;
+}
+
+float *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token) {
+    return kv->k + block_offset(kv, block, layer, head, token);
+}
+
+float *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token) {
+    return kv->v + block_offset(kv, block, layer, head, token);
+}
+
+static int block_alloc(lp_kv_cache *kv) {
+    if (kv->n_free == 0) return -1;
+    int b = kv->free_list[--kv->n_free];
+    kv->refcount[b] = 1;
+    return b;
+}
+
+static void block_release(lp_kv_cache *kv, int b) {
+    if (--kv->refcount[b] == 0) kv->free_list[kv->n_free++] = b;
+}
+
+int lp_kv_blocks_needed(const lp_context *ctx, int seq, int n) {
+    const lp_kv_cache *kv = &ctx->kv;
+    const lp_seq *s = &ctx->seqs[seq];
+    int bt = kv->block_tokens, used = s->length % bt, needed = 0;
+    if (n <= 0) return 0;
+    if (used != 0) {
+        if (kv->refcount[s->blocks[s->length / bt]] > 1) needed++; /* copy-on-write */
+        int room = bt - used;
+        n -= room < n ? room : n;
+    }
+    return needed + (n + bt - 1) / bt;
+}
+
+void lp_kv_append_row(lp_context *ctx, int r) {
+    lp_kv_cache *kv = &ctx->kv;
+    const lp_hparams *hp = &ctx->model->hp;
+    lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
+    int bt = kv->block_tokens, slot = s->length % bt, bi = s->length / bt;
+    if (slot == 0) {
+        s->blocks[bi] = block_alloc(kv);
+    } else if (kv->refcount[s->blocks[bi]] > 1) {
+        /* The partial block is shared with another sequence: copy it first. */
+        int old = s->blocks[bi], fresh = block_alloc(kv);
+        memcpy(kv->k + (size_t)fresh * kv->block_floats, kv->k + (size_t)old * kv->block_floats,
+               kv->block_floats * sizeof(float));
+        memcpy(kv->v + (size_t)fresh * kv->block_floats, kv->v + (size_t)old * kv->block_floats,
+               kv->block_floats * sizeof(float));
+        block_release(kv, old);
+        s->blocks[bi] = fresh;
+    }
+    int block = s->blocks[bi];
+    size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
+    for (int l = 0; l < hp->n_layers; l++) {
+        const float *k = ctx->k_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
+        const float *v = ctx->v_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
+        for (int h = 0; h < hp->n_kv_heads; h++) {
+            memcpy(lp_kv_key(kv, block, l, h, slot), k + (size_t)h * (size_t)hp->head_dim,
+                   (size_t)hp->head_dim * sizeof(float));
+            memcpy(lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim,
+                   (size_t)hp->head_dim * sizeof(float));
+        }
+    }
+    s->length++;
+}
+
+/* ---- public sequence API ------------------------------------------------------- */
+
+static bool seq_ok(const lp_context *ctx, int seq) {
+    return seq >= 0 && seq < ctx->params.max_sequences;
+}
+
+int lp_seq_length(const lp_context *ctx, int seq) {
+    return seq_ok(ctx, seq) ? ctx->seqs[seq].length : -1;
+}
+
+int lp_seq_truncate(lp_context *ctx, int seq, int n, lp_error *err) {
+    if (!seq_ok(ctx, seq)) return lp_fail(err, "sequence %d does not exist", seq);
+    lp_seq *s = &ctx->seqs[seq];
+    if (n < 0 || n > s->length)
+        return lp_fail(err, "cannot truncate sequence %d of length %d to %d", seq, s->length, n);
+    int bt = ctx->kv.block_tokens;
+    int keep_blocks = (n + bt - 1) / bt, have_blocks = (s->length + bt - 1) / bt;
+    for (int b = keep_blocks; b < have_blocks; b++) block_release(&ctx->kv, s->blocks[b]);
+    s->length = n;
+    return 0;
+}
+
+void lp_seq_clear(lp_context *ctx, int seq) {
+    if (seq_ok(ctx, seq)) lp_seq_truncate(ctx, seq, 0, NULL);
+}
+
+int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err) {
+    if (!seq_ok(ctx, src) || !seq_ok(ctx, dst))
+        return lp_fail(err, "cannot fork sequence %d into %d: no such sequence", src, dst);
+    if (src == dst) return 0;
+    lp_seq_clear(ctx, dst);
+    const lp_seq *s = &ctx->seqs[src];
+    lp_seq *d = &ctx->seqs[dst];
+    int bt = ctx->kv.block_tokens, nb = (s->length + bt - 1) / bt;
+    for (int b = 0; b < nb; b++) {
+        d->blocks[b] = s->blocks[b];
+        ctx->kv.refcount[s->blocks[b]]++;
+    }
+    d->length = s->length;
+    return 0;
+}
+
+void lp_kv_usage(const lp_context *ctx, int *used, int *total, int *block_tokens) {
+    if (used) *used = ctx->kv.n_blocks - ctx->kv.n_free;
+    if (total) *total = ctx->kv.n_blocks;
+    if (block_tokens) *block_tokens = ctx->kv.block_tokens;
+}
