@@ -129,7 +129,12 @@ void lp_threadpool_run(lp_threadpool *pool, lp_task_fn fn, void *ctx) {
     pthread_cond_broadcast(&pool->wake);
     pthread_mutex_unlock(&pool->mutex);
     fn(ctx, 0, pool->n_threads);
-    while (atomic_load_explicit(&pool->pending, memory_order_acquire) > 0) cpu_relax();
+    /* Spin briefly (workers usually finish together), then yield so a
+     * descheduled worker on a busy machine can get the core. */
+    for (int spins = 0; atomic_load_explicit(&pool->pending, memory_order_acquire) > 0; spins++) {
+        if (spins < SPIN_ITERATIONS) cpu_relax();
+        else sched_yield();
+    }
 }
 
 void lp_split_range(int64_t n, int thread_index, int n_threads, int64_t align,

@@ -7,6 +7,7 @@
 
 #include "loraplex.h"
 
+int cli_demo(int argc, char **argv);
 int cli_run(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);

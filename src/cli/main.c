@@ -14,6 +14,7 @@ static void usage(FILE *out) {
             "loraplex %s: a multi-adapter LLM runtime for CPUs\n\n"
             "usage: loraplex COMMAND [options]\n\n"
             "commands:\n"
+            "  demo      the built-in demonstration            (loraplex demo)\n"
             "  run       generate text from a prompt          (loraplex run -m MODEL -p TEXT)\n"
             "  info      describe a model file                (loraplex info MODEL)\n"
             "  tokenize  print the tokens of a text           (loraplex tokenize MODEL TEXT)\n"
@@ -36,6 +37,7 @@ int main(int argc, char **argv) {
         printf("loraplex %s\n", LORAPLEX_VERSION);
         return 0;
     }
+    if (!strcmp(cmd, "demo")) return cli_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cli_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);

@@ -41,7 +41,8 @@ bool lp_str_eq(lp_str s, const char *cstr);
 typedef struct lp_gguf_kv {
     lp_str key;
     lp_gguf_type type;
-    /* scalars (integers widened, floats widened) */
+    /* scalars (integers widened, floats widened): unsigned types in u,
+     * signed types in i, F32/F64 in f, BOOL in b, STRING in s */
     union {
         uint64_t u;
         int64_t i;

@@ -21,7 +21,8 @@
 
 typedef struct lp_llama2c {
     int32_t dim, hidden_dim, n_layers, n_heads, n_kv_heads, vocab_size, seq_len;
-    bool shared_classifier;
+    bool shared_classifier; /* from the sign of the header's vocab_size;
+                             * vocab_size above is always positive */
     /* pointers into the mapping (4-byte aligned after the 28-byte header) */
     const float *token_embedding, *rms_att, *wq, *wk, *wv, *wo, *rms_ffn,
                 *w1, *w2, *w3, *rms_final, *wcls;

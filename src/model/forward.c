@@ -329,7 +329,10 @@ static void layer_forward(lp_context *ctx, int l) {
         rope_apply(ctx, r, k, hp->n_kv_heads);
     }
     attention_task task = {ctx, l};
-    lp_threadpool_run(ctx->pool, attention_worker, &task);
+    /* Small attention (tiny models, short contexts) runs inline: waking the
+     * pool would cost more than the work. */
+    double work = (double)n * (double)q_dim * (double)(ctx->seqs[ctx->rows[0].seq].length + n);
+    lp_threadpool_run(work < 65536.0 ? NULL : ctx->pool, attention_worker, &task);
     /* attention output (in xn, q_dim wide) -> gate buffer as scratch, then residual */
     matmul(ctx, &L->wo, ctx->xn, q_dim, ctx->gate, dim, n);
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);

@@ -1,0 +1,189 @@
+/* Matrix multiplication over weights of any type, and kernel dispatch.
+ *
+ * lp_matmul splits the output rows between threads. Each thread walks its
+ * rows in tiles of LP_TILE_ROWS rows and LP_CHUNK columns: the tile's
+ * weights are dequantized once into a stack buffer (F32 weights are used in
+ * place, F16 ones are converted on the fly for small batches) and then
+ * multiplied with every batch row, so quantized weights are decoded once per
+ * call however large the batch. Nothing is allocated. */
+#include "kernels_internal.h"
+
+#include <string.h>
+
+void lp_kernels_init_reference(lp_kernels *k) {
+    memset(k, 0, sizeof *k);
+    k->dot_f32 = lp_dot_f32_ref;
+    k->level = 0;
+}
+
+void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
+    lp_kernels_init_reference(k);
+    k->cpu = *cpu;
+#if defined(__x86_64__)
+    bool avx2 = cpu->avx2 && cpu->fma && cpu->f16c;
+    if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl) {
+        k->level = 2;
+        k->dot_f32 = lp_dot_f32_avx512;
+    } else if (avx2) {
+        k->level = 1;
+        k->dot_f32 = lp_dot_f32_avx2;
+    }
+#endif
+}
+
+/* ---- per-level building blocks ---------------------------------------------- */
+
+static void tile_f32_ref(const lp_tile *t) {
+    for (int r = 0; r < t->nr; r++) {
+        const float *w = t->w[r];
+        for (int64_t b = 0; b < t->n_batch; b++) {
+            float s = lp_dot_f32_ref(w, t->x + b * t->x_stride, t->n);
+            float *dst = t->y + b * t->y_stride + r;
+            *dst = t->accumulate ? *dst + s : s;
+        }
+    }
+}
+
+static void run_tile(int level, bool f16, const lp_tile *t) {
+#if defined(__x86_64__)
+    if (level == 2) {
+        if (f16) lp_tile_f16_avx512(t);
+        else lp_tile_f32_avx512(t);
+        return;
+    }
+    if (level == 1) {
+        if (f16) lp_tile_f16_avx2(t);
+        else lp_tile_f32_avx2(t);
+        return;
+    }
+#endif
+    (void)f16; /* level 0 never sees f16 rows: they are converted first */
+    tile_f32_ref(t);
+}
+
+static void f16_row_to_f32(int level, const uint16_t *src, float *dst, int64_t n) {
+#if defined(__x86_64__)
+    if (level == 2) {
+        lp_f16_to_f32_row_avx512(src, dst, n);
+        return;
+    }
+    if (level == 1) {
+        lp_f16_to_f32_row_avx2(src, dst, n);
+        return;
+    }
+#endif
+    (void)level;
+    for (int64_t i = 0; i < n; i++) dst[i] = lp_f16_to_f32(src[i]);
+}
+
+/* ---- the threaded driver ---------------------------------------------------- */
+
+typedef struct matmul_job {
+    const lp_kernels *k;
+    const lp_weight *W;
+    const float *X;
+    int64_t x_stride, n_batch;
+    float *Y;
+    int64_t y_stride;
+} matmul_job;
+
+/* Points tile->w at columns [c0, c0+n) of rows r..r+nr-1, decoding into buf
+ * when the kernels cannot read the type directly. Returns whether the rows
+ * are f16. */
+static bool prepare_rows(const matmul_job *job, int64_t r, int nr, int64_t c0, int64_t n,
+                         float buf[LP_TILE_ROWS][LP_CHUNK], lp_tile *tile) {
+    const lp_weight *W = job->W;
+    const lp_dtype_info *info = lp_dtype_get(W->type);
+    int level = job->k->level;
+    /* Converting f16 once pays off when several batch rows reuse it. */
+    bool f16_direct = W->type == LP_F16 && level > 0 && job->n_batch <= 4;
+    for (int i = 0; i < nr; i++) {
+        const uint8_t *row = (const uint8_t *)W->data + (size_t)(r + i) * W->row_bytes;
+        if (W->type == LP_F32) {
+            tile->w[i] = (const float *)row + c0;
+        } else if (W->type == LP_F16) {
+            const uint16_t *h = (const uint16_t *)row + c0;
+            if (f16_direct) {
+                tile->w[i] = h;
+            } else {
+                f16_row_to_f32(level, h, buf[i], n);
+                tile->w[i] = buf[i];
+            }
+        } else {
+            size_t offset = (size_t)(c0 / info->block_elems) * (size_t)info->block_bytes;
+            lp_dequantize_row_fast(level, W->type, row + offset, buf[i], n);
+            tile->w[i] = buf[i];
+        }
+    }
+    for (int i = nr; i < LP_TILE_ROWS; i++) tile->w[i] = tile->w[nr - 1];
+    return f16_direct;
+}
+
+static void matmul_worker(void *ctx, int thread_index, int n_threads) {
+    const matmul_job *job = ctx;
+    const lp_weight *W = job->W;
+    int64_t r0, r1;
+    lp_split_range(W->rows, thread_index, n_threads, LP_TILE_ROWS, &r0, &r1);
+    _Alignas(64) float buf[LP_TILE_ROWS][LP_CHUNK];
+    for (int64_t r = r0; r < r1; r += LP_TILE_ROWS) {
+        int nr = (int)(r1 - r < LP_TILE_ROWS ? r1 - r : LP_TILE_ROWS);
+        for (int64_t c0 = 0; c0 < W->cols; c0 += LP_CHUNK) {
+            int64_t n = W->cols - c0 < LP_CHUNK ? W->cols - c0 : LP_CHUNK;
+            lp_tile tile = {
+                .nr = nr,
+                .x = job->X + c0,
+                .x_stride = job->x_stride,
+                .n_batch = job->n_batch,
+                .n = n,
+                .y = job->Y + r,
+                .y_stride = job->y_stride,
+                .accumulate = c0 > 0,
+            };
+            bool f16 = prepare_rows(job, r, nr, c0, n, buf, &tile);
+            run_tile(job->k->level, f16, &tile);
+        }
+    }
+}
+
+void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
+               const float *X, int64_t x_stride, int64_t n_batch, float *Y,
+               int64_t y_stride) {
+    if (W->rows <= 0 || n_batch <= 0) return;
+    const lp_dtype_info *info = lp_dtype_get(W->type);
+    /* Loaders reject unsupported types; zeros beat reading unknown blocks. */
+    if (W->cols <= 0 || !info || !info->supported) {
+        for (int64_t b = 0; b < n_batch; b++) memset(Y + b * y_stride, 0, (size_t)W->rows * sizeof(float));
+        return;
+    }
+    matmul_job job = {k, W, X, x_stride, n_batch, Y, y_stride};
+    /* Too little work to share (tiny models): waking the pool costs more
+     * than the multiply. */
+    if (W->rows <= LP_TILE_ROWS || (double)W->rows * (double)W->cols * (double)n_batch < 32768.0)
+        pool = NULL;
+    lp_threadpool_run(pool, matmul_worker, &job);
+}
+
+void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
+                   int64_t n_batch, float *Y, int64_t y_stride) {
+    const lp_dtype_info *info = lp_dtype_get(W->type);
+    if (!info || !info->supported) {
+        for (int64_t b = 0; b < n_batch; b++)
+            for (int64_t r = 0; r < W->rows; r++) Y[b * y_stride + r] = 0.0f;
+        return;
+    }
+    float buf[LP_CHUNK];
+    for (int64_t r = 0; r < W->rows; r++) {
+        const uint8_t *row = (const uint8_t *)W->data + (size_t)r * W->row_bytes;
+        for (int64_t b = 0; b < n_batch; b++) {
+            const float *x = X + b * x_stride;
+            double sum = 0;
+            for (int64_t c0 = 0; c0 < W->cols; c0 += LP_CHUNK) {
+                int64_t n = W->cols - c0 < LP_CHUNK ? W->cols - c0 : LP_CHUNK;
+                size_t offset = (size_t)(c0 / info->block_elems) * (size_t)info->block_bytes;
+                lp_dequantize_row(W->type, row + offset, buf, n);
+                for (int64_t i = 0; i < n; i++) sum += (double)buf[i] * (double)x[c0 + i];
+            }
+            Y[b * y_stride + r] = (float)sum;
+        }
+    }
+}

@@ -1,0 +1,141 @@
+/* AVX2 + FMA + F16C kernels (8 floats per vector). Compiled for AVX2 through
+ * function attributes only; lp_kernels_init calls them only when the CPU has
+ * avx2, fma and f16c. Column tails (n % 8) are finished in scalar code. */
+#include "kernels_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+AVX2 INLINE __m256 load_w(const void *row, int64_t i, bool f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
+    return _mm256_loadu_ps((const float *)row + i);
+}
+
+INLINE float scalar_w(const void *row, int64_t i, bool f16) {
+    return f16 ? lp_f16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+AVX2 INLINE float hsum(__m256 v) {
+    __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
+    s = _mm_add_ps(s, _mm_movehl_ps(s, s));
+    s = _mm_add_ss(s, _mm_movehdup_ps(s));
+    return _mm_cvtss_f32(s);
+}
+
+INLINE void store_result(const lp_tile *t, float *y, int r, int b, float s) {
+    float *dst = y + b * t->y_stride + r;
+    *dst = t->accumulate ? *dst + s : s;
+}
+
+/* 4 weight rows x B batch rows (B <= 2): 8 accumulators + 4 weight vectors
+ * fit in the 16 ymm registers. */
+AVX2 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16) {
+    __m256 acc[4][2];
+    for (int r = 0; r < 4; r++)
+        for (int b = 0; b < B; b++) acc[r][b] = _mm256_setzero_ps();
+    const int64_t n = t->n, xs = t->x_stride;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        __m256 w[4];
+        for (int r = 0; r < 4; r++) w[r] = load_w(t->w[r], i, f16);
+        for (int b = 0; b < B; b++) {
+            __m256 xv = _mm256_loadu_ps(x + b * xs + i);
+            for (int r = 0; r < 4; r++) acc[r][b] = _mm256_fmadd_ps(w[r], xv, acc[r][b]);
+        }
+    }
+    for (int r = 0; r < t->nr; r++)
+        for (int b = 0; b < B; b++) {
+            float s = hsum(acc[r][b]);
+            for (int64_t j = i; j < n; j++) s += scalar_w(t->w[r], j, f16) * x[b * xs + j];
+            store_result(t, y, r, b, s);
+        }
+}
+
+/* One batch row: unrolled twice for more FMAs in flight. */
+AVX2 INLINE void tile_4x1(const lp_tile *t, const float *x, float *y, bool f16) {
+    __m256 a0[4], a1[4];
+    for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm256_setzero_ps();
+    const int64_t n = t->n;
+    int64_t i = 0;
+    for (; i + 16 <= n; i += 16) {
+        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
+        for (int r = 0; r < 4; r++) {
+            a0[r] = _mm256_fmadd_ps(load_w(t->w[r], i, f16), x0, a0[r]);
+            a1[r] = _mm256_fmadd_ps(load_w(t->w[r], i + 8, f16), x1, a1[r]);
+        }
+    }
+    for (; i + 8 <= n; i += 8) {
+        __m256 xv = _mm256_loadu_ps(x + i);
+        for (int r = 0; r < 4; r++) a0[r] = _mm256_fmadd_ps(load_w(t->w[r], i, f16), xv, a0[r]);
+    }
+    for (int r = 0; r < t->nr; r++) {
+        float s = hsum(_mm256_add_ps(a0[r], a1[r]));
+        for (int64_t j = i; j < n; j++) s += scalar_w(t->w[r], j, f16) * x[j];
+        store_result(t, y, r, 0, s);
+    }
+}
+
+AVX2 INLINE void tile_all(const lp_tile *t, bool f16) {
+    const int64_t nb = t->n_batch;
+    int64_t b = 0;
+    for (; b + 2 <= nb; b += 2) tile_4xB(t, t->x + b * t->x_stride, t->y + b * t->y_stride, 2, f16);
+    if (b < nb) tile_4x1(t, t->x + b * t->x_stride, t->y + b * t->y_stride, f16);
+}
+
+AVX2 void lp_tile_f32_avx2(const lp_tile *t) { tile_all(t, false); }
+AVX2 void lp_tile_f16_avx2(const lp_tile *t) { tile_all(t, true); }
+
+AVX2 void lp_f16_to_f32_row_avx2(const uint16_t *src, float *dst, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(dst + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(src + i))));
+    for (; i < n; i++) dst[i] = lp_f16_to_f32(src[i]);
+}
+
+AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) {
+    __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+    }
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
+    for (; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+/* Q4_0 / Q8_0 decoders: integer codes widen to int32, convert exactly to
+ * float and take one multiply by d, as the reference does (same bits). */
+AVX2 void lp_dequant_q4_0_avx2(const uint8_t *src, float *dst, int64_t blocks) {
+    const __m128i low4 = _mm_set1_epi8(0x0f);
+    const __m256i eight = _mm256_set1_epi32(8);
+    for (int64_t i = 0; i < blocks; i++, src += 18, dst += 32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(src[0] | (src[1] << 8))));
+        __m128i q = _mm_loadu_si128((const __m128i *)(src + 2));
+        __m128i halves[2] = {_mm_and_si128(q, low4), _mm_and_si128(_mm_srli_epi16(q, 4), low4)};
+        for (int h = 0; h < 2; h++) {
+            __m256i a = _mm256_sub_epi32(_mm256_cvtepu8_epi32(halves[h]), eight);
+            __m256i b = _mm256_sub_epi32(_mm256_cvtepu8_epi32(_mm_srli_si128(halves[h], 8)), eight);
+            _mm256_storeu_ps(dst + 16 * h, _mm256_mul_ps(_mm256_cvtepi32_ps(a), d));
+            _mm256_storeu_ps(dst + 16 * h + 8, _mm256_mul_ps(_mm256_cvtepi32_ps(b), d));
+        }
+    }
+}
+
+AVX2 void lp_dequant_q8_0_avx2(const uint8_t *src, float *dst, int64_t blocks) {
+    for (int64_t i = 0; i < blocks; i++, src += 34, dst += 32) {
+        __m256 d = _mm256_set1_ps(_cvtsh_ss((unsigned short)(src[0] | (src[1] << 8))));
+        for (int k = 0; k < 4; k++) {
+            __m256i q = _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(src + 2 + 8 * k)));
+            _mm256_storeu_ps(dst + 8 * k, _mm256_mul_ps(_mm256_cvtepi32_ps(q), d));
+        }
+    }
+}
+#else
+typedef int lp_no_avx2_on_this_target; /* keep the translation unit non-empty */
+#endif

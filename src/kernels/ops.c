@@ -1,0 +1,45 @@
+/* The small vector ops of a transformer layer. */
+#include "kernels.h"
+
+#include <math.h>
+
+float lp_dot_f32_ref(const float *a, const float *b, int64_t n) {
+    float s = 0;
+    for (int64_t i = 0; i < n; i++) s += a[i] * b[i];
+    return s;
+}
+
+void lp_axpy(float *y, float a, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
+}
+
+/* The sum of squares runs in double: for large n a float sum would drift,
+ * and the result then rounds to what a float implementation intends. */
+void lp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
+    double ss = 0;
+    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    float mean = n > 0 ? (float)(ss / (double)n) : 0.0f;
+    float scale = 1.0f / sqrtf(mean + eps);
+    for (int64_t i = 0; i < n; i++) out[i] = w ? x[i] * scale * w[i] : x[i] * scale;
+}
+
+void lp_softmax(float *x, int64_t n) {
+    if (n <= 0) return;
+    float max = x[0];
+    for (int64_t i = 1; i < n; i++)
+        if (x[i] > max) max = x[i];
+    double sum = 0;
+    for (int64_t i = 0; i < n; i++) {
+        x[i] = expf(x[i] - max);
+        sum += x[i];
+    }
+    float inv = (float)(1.0 / sum);
+    for (int64_t i = 0; i < n; i++) x[i] *= inv;
+}
+
+void lp_silu_mul(float *gate, const float *up, int64_t n) {
+    for (int64_t i = 0; i < n; i++) {
+        float g = gate[i];
+        gate[i] = g / (1.0f + expf(-g)) * up[i];
+    }
+}
