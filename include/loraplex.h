@@ -38,6 +38,7 @@ typedef struct lp_error {
 typedef struct lp_model lp_model;
 typedef struct lp_context lp_context;
 typedef struct lp_sampler lp_sampler;
+typedef struct lp_adapter lp_adapter;
 
 /* ---- models ------------------------------------------------------------- */
 
@@ -110,6 +111,7 @@ typedef struct lp_context_params {
     int n_ctx;            /* KV capacity in tokens over all sequences
                              (default: min(model's, 4096) * 1) */
     int max_seq_len;      /* longest one sequence may get (default n_ctx) */
+    int max_adapters;     /* adapter slots besides slot 0 = base (default 8) */
 } lp_context_params;
 
 lp_context_params lp_context_default_params(void);
@@ -122,7 +124,7 @@ typedef struct lp_row {
     int32_t token;
     int32_t pos;
     int32_t seq;
-    int32_t adapter;      /* reserved: adapter slot, 0 = base */
+    int32_t adapter;      /* adapter slot, 0 = base only */
     int32_t parent;       /* index of an earlier row of the same sequence in
                              this batch that this row may see, with its own
                              parents; -1 = only committed KV */
@@ -149,6 +151,28 @@ int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err);
 /* KV blocks in use / total (for tests and memory reports). */
 void lp_kv_usage(const lp_context *ctx, int *blocks_used, int *blocks_total,
                  int *block_tokens);
+
+/* ---- adapters ----------------------------------------------------------------- */
+
+/* Loads a LoRA adapter for `model`: a native .lpa file, a Hugging Face PEFT
+ * directory (adapter_config.json + adapter_model.safetensors) or a llama.cpp
+ * GGUF LoRA. It is validated against the model (architecture, every shape,
+ * and for .lpa files the base's fingerprint) and converted to the model's
+ * conventions. `scale` multiplies the adapter's own alpha/r scaling (1 =
+ * as trained). Unsupported features (DoRA, modules_to_save, embedding or
+ * lm_head adapters) are rejected with a message saying what and where. */
+lp_adapter *lp_adapter_load(const lp_model *model, const char *path, float scale,
+                            lp_error *err);
+void lp_adapter_free(lp_adapter *adapter);
+const char *lp_adapter_name(const lp_adapter *adapter);
+uint64_t lp_adapter_bytes(const lp_adapter *adapter);
+
+/* Binds an adapter to a slot (1..max_adapters) of a context; rows whose
+ * `adapter` field is that slot get its correction. Rebinding a slot is just
+ * a pointer store: no allocation, no reload. adapter NULL unbinds. The
+ * adapter must outlive the binding. */
+int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *adapter,
+                            lp_error *err);
 
 /* ---- sampling ------------------------------------------------------------- */
 
