@@ -11,9 +11,12 @@
 #include "model/context.h"
 #include "naive_forward.h"
 
+/* Path of a shared test file; four rotating buffers so two can be live. */
 static const char *shared(const char *name) {
-    static char path[1024]; /* test-local, single-threaded */
-    snprintf(path, sizeof path, "%s/%s", LP_SHARED_MODELS, name);
+    static char paths[4][1024];
+    static int next;
+    char *path = paths[next++ % 4];
+    snprintf(path, 1024, "%s/%s", LP_SHARED_MODELS, name);
     return path;
 }
 
