@@ -33,6 +33,23 @@ echo "$out" | grep -q "architecture:  llama" && echo "$out" | grep -q "layers:  
 out=$("$bin" tokenize "$models/stories260K.gguf" "Once upon a time" --ids 2>/dev/null)
 [ -n "$out" ] && [ "${out%% *}" = "1" ] && ok || bad "tokenize: '$out'"
 
+# the three tiny real-vocabulary models load and generate; chat templates apply
+for m in llama3-tiny-random qwen2-tiny-random mistral-spm-tiny-random; do
+  out=$("$bin" run -m "$models/arch/$m.gguf" -p "Hello" -n 8 --temp 0 2>"$work/err"); rc=$?
+  [ $rc -eq 0 ] && [ -n "$out" ] && ok || bad "$m: rc=$rc $(cat "$work/err")"
+  out=$("$bin" run -m "$models/arch/$m.gguf" -p "Hello" -n 4 --chat --seed 3 2>"$work/err"); rc=$?
+  [ $rc -eq 0 ] && ok || bad "$m --chat: rc=$rc $(cat "$work/err")"
+done
+
+# synth writes each architecture; the result loads and runs
+for arch in llama qwen2 qwen3; do
+  "$bin" synth --arch $arch --dim 128 --layers 2 --heads 4 --kv-heads 2 --ffn 256 --type q8_0 \
+    --vocab none -o "$work/$arch.gguf" 2>"$work/err" || bad "synth $arch: $(cat "$work/err")"
+  out=$("$bin" run -m "$work/$arch.gguf" -p "abc" -n 8 --temp 0 2>"$work/err"); rc=$?
+  [ $rc -eq 0 ] && ok || bad "run synth $arch: $(cat "$work/err")"
+  "$bin" info "$work/$arch.gguf" | grep -q "architecture:  $arch" && ok || bad "info synth $arch"
+done
+
 # failures: message on stderr, nothing on stdout, non-zero exit
 out=$("$bin" run -m "$work/missing.gguf" -p hi 2>"$work/err"); rc=$?
 [ $rc -ne 0 ] && [ -z "$out" ] && grep -q "missing.gguf" "$work/err" && ok || bad "missing model: rc=$rc"

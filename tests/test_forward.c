@@ -6,6 +6,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "check.h"
 #include "model/context.h"
@@ -289,7 +290,44 @@ static void test_reference_output(const char *model, const char *tokenizer) {
     lp_model_free(m);
 }
 
+/* Random models of every architecture and weight type written by synth run
+ * and agree with the naive forward. */
+static void test_synth_models(void) {
+    static const struct { const char *arch; uint32_t type; int dim, heads, kv, head_dim; } cases[] = {
+        {"llama", LP_F32, 256, 4, 2, 64},  {"llama", LP_Q4_K, 256, 4, 2, 64},
+        {"llama", LP_Q6_K, 256, 4, 1, 64}, {"llama", LP_Q8_0, 256, 8, 2, 32},
+        {"llama", LP_Q4_0, 256, 4, 4, 64}, {"llama", LP_BF16, 256, 4, 2, 64},
+        {"qwen2", LP_F16, 128, 4, 2, 32},  {"qwen3", LP_F32, 128, 4, 2, 64},
+        {"qwen3", LP_Q5_K, 256, 2, 1, 128},
+    };
+    char dir[] = "/tmp/lp_fwd_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        lp_synth_params p;
+        lp_error err;
+        CHECK(lp_synth_preset("tiny", &p, &err) == 0);
+        CHECK(lp_arch_from_name(cases[i].arch, &p.arch) == 0);
+        p.dim = cases[i].dim;
+        p.n_heads = cases[i].heads;
+        p.n_kv_heads = cases[i].kv;
+        p.head_dim = cases[i].head_dim;
+        p.ffn_dim = 512;
+        p.n_layers = 2;
+        p.weight_type = cases[i].type;
+        p.embd_type = cases[i].type == LP_F32 ? LP_F32 : LP_F16;
+        p.tied_output = p.arch != LP_ARCH_LLAMA;
+        p.seed = 100 + i;
+        char path[256];
+        snprintf(path, sizeof path, "%s/m%zu.gguf", dir, i);
+        CHECK_MSG(lp_synth_write(&p, path, &err) == 0, "%s", err.message);
+        test_against_naive(path, 2e-5f);
+        unlink(path);
+    }
+    rmdir(dir);
+}
+
 int main(void) {
+    test_synth_models();
     test_two_file_forms();
     test_reference_output(shared("stories260K.gguf"), NULL);
     test_reference_output(shared("stories260K.bin"), shared("tok512.bin"));
