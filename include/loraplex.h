@@ -112,6 +112,7 @@ typedef struct lp_context_params {
                              (default: min(model's, 4096) * 1) */
     int max_seq_len;      /* longest one sequence may get (default n_ctx) */
     int max_adapters;     /* adapter slots besides slot 0 = base (default 8) */
+    int max_adapter_rank; /* highest LoRA rank a bound adapter may have (default 256) */
 } lp_context_params;
 
 lp_context_params lp_context_default_params(void);

@@ -1,15 +1,16 @@
 #!/usr/bin/env bash
-# Installs the Debian packages loraplex needs to build and test (idempotent).
+# Installs the Debian packages loraplex needs to build and test, when missing.
 set -euo pipefail
-packages=(build-essential cmake pkg-config libpcre2-dev libcjson-dev clang libclang-rt-14-dev)
-missing=()
-for p in "${packages[@]}"; do
-  dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
-done
-if [ ${#missing[@]} -gt 0 ]; then
-  echo "installing: ${missing[*]}"
+have_all() {
+  command -v cmake >/dev/null && command -v cc >/dev/null && command -v clang >/dev/null &&
+    command -v pkg-config >/dev/null && pkg-config --exists libpcre2-8 libcjson &&
+    ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1
+}
+if ! have_all; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
-  $SUDO apt-get update -qq
-  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+  apt_opts=(-o DPkg::Lock::Timeout=600)
+  $SUDO apt-get "${apt_opts[@]}" update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get "${apt_opts[@]}" install -y -qq \
+    build-essential cmake pkg-config libpcre2-dev libcjson-dev clang libclang-rt-14-dev
 fi

@@ -4,6 +4,7 @@
 #ifndef LP_CONTEXT_H
 #define LP_CONTEXT_H
 
+#include "adapter.h"
 #include "model.h"
 
 /* KV entries live in fixed-size blocks shared by reference count. A block
@@ -23,7 +24,16 @@ typedef struct lp_kv_cache {
 typedef struct lp_seq {
     int length;            /* committed entries */
     int *blocks;           /* max_blocks_per_seq block ids */
+    int32_t *tokens;       /* [max_seq_len] token of each entry */
+    uint64_t *tags;        /* [max_seq_len] adapter tag of each entry (0 = base) */
 } lp_seq;
+
+/* An adapter bound to a slot; tag identifies its content so KV entries made
+ * with it can be recognised later (prefix reuse). */
+typedef struct lp_slot {
+    const lp_adapter *adapter;
+    uint64_t tag;
+} lp_slot;
 
 struct lp_context {
     const lp_model *model;
@@ -50,6 +60,16 @@ struct lp_context {
     lp_row *rows;      /* [rows] copy of the last batch */
     int n_rows;
     int *commit_count; /* [max_sequences] scratch for capacity checks */
+
+    /* adapters: slots 1..max_adapters, and the per-forward grouping of rows */
+    lp_slot *slots;       /* [max_adapters + 1]; slot 0 = base */
+    int *group_rows;      /* [rows] row indices ordered by slot */
+    int *group_start;     /* [max_adapters + 2] offsets into group_rows */
+    bool any_adapter;     /* some row of this batch uses an adapter */
+    float *lora_x;        /* [rows][max in] gathered inputs of one group */
+    float *lora_t;        /* [rows][max rank] shrunk activations */
+    float *lora_y;        /* [rows][max out] expanded outputs */
+    int max_rank;         /* planned rank limit */
 };
 
 /* KV helpers shared by forward and the sequence API (kv.c). */

@@ -22,6 +22,8 @@ lp_context_params lp_context_default_params(void) {
     p.max_logit_rows = 64;
     p.n_ctx = 0;
     p.max_seq_len = 0;
+    p.max_adapters = 8;
+    p.max_adapter_rank = 256;
     return p;
 }
 
@@ -49,6 +51,11 @@ static int resolve_params(const lp_model *m, const lp_context_params *in,
     if (p->n_ctx <= 0) p->n_ctx = m->hp.n_ctx_train < 4096 ? m->hp.n_ctx_train : 4096;
     if (p->n_ctx < 1) p->n_ctx = 4096;
     if (p->max_seq_len <= 0 || p->max_seq_len > p->n_ctx) p->max_seq_len = p->n_ctx;
+    if (p->max_adapters <= 0) p->max_adapters = 8;
+    if (p->max_adapter_rank <= 0) p->max_adapter_rank = 256;
+    if (p->max_adapters > 4096 || p->max_adapter_rank > 65536)
+        return lp_fail(err, "adapter limits out of range (max_adapters %d, max_adapter_rank %d)",
+                       p->max_adapters, p->max_adapter_rank);
     if (p->max_rows > 65536 || p->max_sequences > 65536 || p->n_ctx > (1 << 24))
         return lp_fail(err, "context parameters out of range (max_rows %d, max_sequences %d, n_ctx %d)",
                        p->max_rows, p->max_sequences, p->n_ctx);
@@ -82,8 +89,12 @@ static int kv_init(lp_context *ctx, lp_error *err) {
 
     ctx->max_blocks_per_seq = (ctx->params.max_seq_len + kv->block_tokens - 1) / kv->block_tokens;
     ctx->seqs = plan_alloc((size_t)ctx->params.max_sequences, sizeof(lp_seq), &ok);
-    for (int s = 0; ok && s < ctx->params.max_sequences; s++)
-        ctx->seqs[s].blocks = plan_alloc((size_t)ctx->max_blocks_per_seq, sizeof(int), &ok);
+    for (int s = 0; ok && s < ctx->params.max_sequences; s++) {
+        lp_seq *seq = &ctx->seqs[s];
+        seq->blocks = plan_alloc((size_t)ctx->max_blocks_per_seq, sizeof(int), &ok);
+        seq->tokens = plan_alloc((size_t)ctx->params.max_seq_len, sizeof(int32_t), &ok);
+        seq->tags = plan_alloc((size_t)ctx->params.max_seq_len, sizeof(uint64_t), &ok);
+    }
     return ok ? 0 : lp_fail(err, "out of memory for sequence tables");
 }
 
@@ -127,6 +138,14 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->logit_slot = plan_alloc(rows, sizeof(int), &ok);
     ctx->rows = plan_alloc(rows, sizeof(lp_row), &ok);
     ctx->commit_count = plan_alloc((size_t)ctx->params.max_sequences, sizeof(int), &ok);
+    size_t widest = wide > (size_t)hp->ffn_dim ? wide : (size_t)hp->ffn_dim;
+    ctx->max_rank = ctx->params.max_adapter_rank;
+    ctx->slots = plan_alloc((size_t)ctx->params.max_adapters + 1, sizeof(lp_slot), &ok);
+    ctx->group_rows = plan_alloc(rows, sizeof(int), &ok);
+    ctx->group_start = plan_alloc((size_t)ctx->params.max_adapters + 2, sizeof(int), &ok);
+    ctx->lora_x = plan_alloc(rows * widest, sizeof(float), &ok);
+    ctx->lora_t = plan_alloc(rows * (size_t)ctx->max_rank, sizeof(float), &ok);
+    ctx->lora_y = plan_alloc(rows * widest, sizeof(float), &ok);
     if (!ok) {
         lp_fail(err, "out of memory planning buffers for %zu rows", rows);
         goto fail;
@@ -145,11 +164,16 @@ void lp_context_free(lp_context *ctx) {
     lp_free(ctx->kv.refcount);
     lp_free(ctx->kv.free_list);
     if (ctx->seqs)
-        for (int s = 0; s < ctx->params.max_sequences; s++) lp_free(ctx->seqs[s].blocks);
+        for (int s = 0; s < ctx->params.max_sequences; s++) {
+            lp_free(ctx->seqs[s].blocks);
+            lp_free(ctx->seqs[s].tokens);
+            lp_free(ctx->seqs[s].tags);
+        }
     lp_free(ctx->seqs);
     void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->k_new, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
-                    ctx->logit_slot, ctx->rows, ctx->commit_count};
+                    ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->slots,
+                    ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(bufs[i]);
     free(ctx);
 }
@@ -174,7 +198,8 @@ static int validate_batch(lp_context *ctx, const lp_row *rows, int n, lp_error *
                            p->max_sequences - 1);
         if (r->pos < 0 || r->pos >= MAX_POSITION)
             return lp_fail(err, "row %d: position %d out of range", i, r->pos);
-        if (r->adapter != 0)
+        if (r->adapter < 0 || r->adapter > p->max_adapters ||
+            (r->adapter > 0 && !ctx->slots[r->adapter].adapter))
             return lp_fail(err, "row %d: adapter slot %d is not bound", i, r->adapter);
         if (r->parent < -1 || r->parent >= i)
             return lp_fail(err, "row %d: parent %d must be an earlier row or -1", i, r->parent);
@@ -292,6 +317,87 @@ static void attention_worker(void *arg, int thread, int n_threads) {
         attend_one(ctx, task->layer, (int)(i / n_heads), (int)(i % n_heads), scores);
 }
 
+/* ---- adapters ------------------------------------------------------------------------------ */
+
+/* Orders the batch's rows by adapter slot (a counting sort), so each adapter
+ * does one shrink and one expand over all of its rows. */
+static void group_rows_by_adapter(lp_context *ctx) {
+    int n_slots = ctx->params.max_adapters + 1;
+    int *start = ctx->group_start; /* n_slots + 1 entries */
+    memset(start, 0, (size_t)(n_slots + 1) * sizeof(int));
+    for (int r = 0; r < ctx->n_rows; r++) start[ctx->rows[r].adapter + 1]++;
+    for (int s = 0; s < n_slots; s++) start[s + 1] += start[s];
+    ctx->any_adapter = start[n_slots] > start[1];
+    /* place rows, advancing each group's start to its end ... */
+    for (int r = 0; r < ctx->n_rows; r++) ctx->group_rows[start[ctx->rows[r].adapter]++] = r;
+    /* ... then shift back so start[s] is the beginning of group s again */
+    for (int s = n_slots; s > 0; s--) start[s] = start[s - 1];
+    start[0] = 0;
+}
+
+/* y[r] += scale * B (A x[r]) for the rows of every adapter group that has a
+ * pair for this layer and projection. */
+static void apply_lora(lp_context *ctx, int layer, lp_proj proj, const float *x, int64_t x_stride,
+                       float *y, int64_t y_stride) {
+    if (!ctx->any_adapter) return;
+    for (int s = 1; s <= ctx->params.max_adapters; s++) {
+        int begin = ctx->group_start[s], end = ctx->group_start[s + 1], n = end - begin;
+        if (n == 0) continue;
+        const lp_lora_pair *pair = lp_adapter_pair(ctx->slots[s].adapter, layer, proj);
+        if (pair->rank == 0) continue;
+        int64_t in = pair->A.cols, out = pair->B.rows, rank = pair->rank;
+        const int *rows = ctx->group_rows + begin;
+        /* gather the group's inputs (contiguous already when it is the whole batch) */
+        const float *xs = x;
+        int64_t xs_stride = x_stride;
+        bool whole = n == ctx->n_rows && rows[0] == 0 && rows[n - 1] == n - 1;
+        if (!whole) {
+            for (int i = 0; i < n; i++)
+                memcpy(ctx->lora_x + i * in, x + rows[i] * x_stride, (size_t)in * sizeof(float));
+            xs = ctx->lora_x;
+            xs_stride = in;
+        }
+        lp_matmul(&ctx->kern, ctx->pool, &pair->A, xs, xs_stride, n, ctx->lora_t, rank);
+        for (int64_t i = 0; i < n * rank; i++) ctx->lora_t[i] *= pair->scale;
+        lp_matmul(&ctx->kern, ctx->pool, &pair->B, ctx->lora_t, rank, n, ctx->lora_y, out);
+        for (int i = 0; i < n; i++)
+            lp_axpy(y + rows[i] * y_stride, 1.0f, ctx->lora_y + i * out, out);
+    }
+}
+
+static uint64_t adapter_tag(const lp_adapter *a) {
+    /* FNV-1a over the adapter's shapes, scales and sampled weight bytes. */
+    uint64_t h = 0xcbf29ce484222325ULL;
+#define MIX(ptr, len) for (size_t i_ = 0; i_ < (size_t)(len); i_++) { h ^= ((const uint8_t *)(ptr))[i_]; h *= 0x100000001b3ULL; }
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < LP_PROJ_COUNT; p++) {
+            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
+            MIX(&pr->rank, sizeof pr->rank);
+            MIX(&pr->scale, sizeof pr->scale);
+            if (!pr->rank) continue;
+            size_t na = pr->A.row_bytes * (size_t)pr->A.rows, nb = pr->B.row_bytes * (size_t)pr->B.rows;
+            MIX(pr->A.data, na < 64 ? na : 64);
+            MIX((const uint8_t *)pr->A.data + na - (na < 64 ? na : 64), na < 64 ? na : 64);
+            MIX(pr->B.data, nb < 64 ? nb : 64);
+            MIX((const uint8_t *)pr->B.data + nb - (nb < 64 ? nb : 64), nb < 64 ? nb : 64);
+        }
+#undef MIX
+    return h ? h : 1;
+}
+
+int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_error *err) {
+    if (slot < 1 || slot > ctx->params.max_adapters)
+        return lp_fail(err, "adapter slot %d out of range (1..%d)", slot, ctx->params.max_adapters);
+    if (a && a->base != ctx->model)
+        return lp_fail(err, "adapter '%s' was loaded for another model", a->name);
+    if (a && a->max_rank > ctx->max_rank)
+        return lp_fail(err, "adapter '%s' has rank %d; this context allows up to %d "
+                       "(max_adapter_rank)", a->name, a->max_rank, ctx->max_rank);
+    if (ctx->slots[slot].adapter != a) ctx->slots[slot].tag = a ? adapter_tag(a) : 0;
+    ctx->slots[slot].adapter = a;
+    return 0;
+}
+
 /* ---- the layer ------------------------------------------------------------------------------- */
 
 static void matmul(lp_context *ctx, const lp_weight *w, const float *x, int64_t x_stride,
@@ -316,6 +422,9 @@ static void layer_forward(lp_context *ctx, int l) {
     matmul(ctx, &L->wq, ctx->xn, dim, ctx->q, q_dim, n);
     matmul(ctx, &L->wk, ctx->xn, dim, k_new, kv_dim, n);
     matmul(ctx, &L->wv, ctx->xn, dim, v_new, kv_dim, n);
+    apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->q, q_dim);
+    apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, k_new, kv_dim);
+    apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, v_new, kv_dim);
     for (int r = 0; r < n; r++) {
         float *q = ctx->q + r * q_dim, *k = k_new + r * kv_dim;
         add_bias(q, L->bq, q_dim);
@@ -335,6 +444,7 @@ static void layer_forward(lp_context *ctx, int l) {
     lp_threadpool_run(work < 65536.0 ? NULL : ctx->pool, attention_worker, &task);
     /* attention output (in xn, q_dim wide) -> gate buffer as scratch, then residual */
     matmul(ctx, &L->wo, ctx->xn, q_dim, ctx->gate, dim, n);
+    apply_lora(ctx, l, LP_PROJ_O, ctx->xn, q_dim, ctx->gate, dim);
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
 
     /* feed-forward block */
@@ -343,8 +453,11 @@ static void layer_forward(lp_context *ctx, int l) {
         lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, L->ffn_norm, dim, hp->rms_eps);
     matmul(ctx, &L->w_gate, ctx->xn, dim, ctx->gate, ffn, n);
     matmul(ctx, &L->w_up, ctx->xn, dim, ctx->up, ffn, n);
+    apply_lora(ctx, l, LP_PROJ_GATE, ctx->xn, dim, ctx->gate, ffn);
+    apply_lora(ctx, l, LP_PROJ_UP, ctx->xn, dim, ctx->up, ffn);
     for (int r = 0; r < n; r++) lp_silu_mul(ctx->gate + r * ffn, ctx->up + r * ffn, ffn);
     matmul(ctx, &L->w_down, ctx->gate, ffn, ctx->xn, dim, n);
+    apply_lora(ctx, l, LP_PROJ_DOWN, ctx->gate, ffn, ctx->xn, dim);
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
 }
 
@@ -362,6 +475,7 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
         lp_dequantize_row(m->tok_embd.type, src, ctx->x + r * dim, dim);
     }
     rope_tables(ctx);
+    group_rows_by_adapter(ctx);
     for (int l = 0; l < hp->n_layers; l++) layer_forward(ctx, l);
 
     int n_logits = 0;

@@ -71,6 +71,8 @@ void lp_kv_append_row(lp_context *ctx, int r) {
                    (size_t)hp->head_dim * sizeof(float));
         }
     }
+    s->tokens[s->length] = ctx->rows[r].token;
+    s->tags[s->length] = ctx->slots[ctx->rows[r].adapter].tag;
     s->length++;
 }
 
@@ -113,6 +115,8 @@ int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err) {
         ctx->kv.refcount[s->blocks[b]]++;
     }
     d->length = s->length;
+    memcpy(d->tokens, s->tokens, (size_t)s->length * sizeof(int32_t));
+    memcpy(d->tags, s->tags, (size_t)s->length * sizeof(uint64_t));
     return 0;
 }
 
