@@ -41,7 +41,7 @@ int main(int argc, char **argv) {
     lp_sampler *sampler = ctx ? lp_sampler_create(model, &sp, &err) : NULL;
     lp_generate_params gp = lp_generate_default_params();
     gp.n_predict = argc > 3 ? atoi(argv[3]) : 64;
-    int rc = sampler ? lp_generate(ctx, sampler, prompt, n, &gp, print_text, NULL, NULL, 0, NULL, &err)
+    int rc = sampler ? lp_generate(ctx, sampler, prompt, n, &gp, print_text, NULL, NULL, &err)
                      : -1;
     if (rc) fprintf(stderr, "\nerror: %s\n", err.message);
     printf("\n");

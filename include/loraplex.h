@@ -113,6 +113,9 @@ typedef struct lp_context_params {
     int max_seq_len;      /* longest one sequence may get (default n_ctx) */
     int max_adapters;     /* adapter slots besides slot 0 = base (default 8) */
     int max_adapter_rank; /* highest LoRA rank a bound adapter may have (default 256) */
+    bool adapters_onehot; /* benchmark baseline only: compute EVERY bound adapter for
+                             every row and mask by a one-hot selection, as a graph
+                             with all adapters compiled in does */
 } lp_context_params;
 
 lp_context_params lp_context_default_params(void);
@@ -198,30 +201,67 @@ int32_t lp_sampler_sample(lp_sampler *s, const float *logits,
 
 /* ---- generation ------------------------------------------------------------ */
 
-/* Called with each piece of output text; return false to stop. */
-typedef bool (*lp_text_fn)(void *user, const char *text, size_t len);
+/* Text of one stream as it is produced; return false to stop that stream. */
+typedef bool (*lp_stream_fn)(void *user, int stream, const char *text, size_t len);
+
+/* One of N variants decoded together from a shared prompt. */
+typedef struct lp_stream {
+    const char *suffix;       /* text appended after the shared prompt for this
+                                 stream only (e.g. an instruction), or NULL */
+    int adapter;              /* adapter slot this stream decodes with (0 = base) */
+    lp_sampler *sampler;      /* this stream's sampler: settings and seed */
+    int32_t first_token;      /* force the first generated token (-1 = sample) */
+} lp_stream;
 
 typedef struct lp_generate_params {
-    int n_predict;              /* max new tokens */
+    int n_predict;              /* max new tokens per stream (default 128) */
     const char *const *stop;    /* stop strings, n_stop of them */
     int n_stop;
     bool stop_at_eog;           /* default true */
-    int seq;                    /* sequence to use (cleared first) */
+    int first_seq;              /* streams use sequences first_seq.. (default 0) */
+    int prefix_adapter;         /* slot the shared prompt is computed with (default 0) */
+    bool reuse_cache;           /* keep KV of a matching earlier prefix in the first
+                                   sequence (same tokens, same adapter; default true) */
+    int seed_top;               /* > 0: stream i starts from the i-th most likely
+                                   distinct first token (the CTG paper's mechanism) */
+    float seed_top_min_prob;    /* with seed_top: streams whose seed token is less
+                                   likely than this end at once ("pruned") */
 } lp_generate_params;
 
+typedef struct lp_stream_stats {
+    int n_generated;
+    const char *stop_reason;    /* "eog", "stop", "length", "callback", "context", "pruned" */
+} lp_stream_stats;
+
 typedef struct lp_generate_stats {
-    int n_prompt, n_generated;
+    int n_prompt, n_reused;     /* prompt tokens; of them taken from the cache */
+    int n_generated;            /* over all streams */
     double prefill_seconds, decode_seconds;
-    const char *stop_reason;    /* "eog", "stop", "length", "callback", "context" */
+    int decode_steps;
+    const char *stop_reason;    /* of stream 0 */
 } lp_generate_stats;
 
 lp_generate_params lp_generate_default_params(void);
-/* Prefills the prompt tokens in batches of max_rows, then decodes one token
- * at a time, streaming text (with stop strings held back until resolved). */
+
+/* Decodes n_streams variants of one prompt together: the prompt is computed
+ * once (its KV blocks shared by every stream, never copied), each stream's
+ * own rows (last prompt token with its adapter, its suffix, its tokens) go
+ * through one batched forward per step, and each stream ends on its own
+ * (EOS, stop string, length), freeing its own KV. Every stream's output is
+ * identical to running it alone. Needs first_seq + n_streams <= max_sequences.
+ * stream_stats (n_streams entries) may be NULL. */
+int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
+                        const lp_stream *streams, int n_streams,
+                        const lp_generate_params *params, lp_stream_fn fn, void *user,
+                        lp_stream_stats *stream_stats, lp_generate_stats *stats,
+                        lp_error *err);
+
+/* One stream: prefill the prompt (in batches of max_rows), then decode,
+ * streaming text (stop strings are held back until resolved). */
+typedef bool (*lp_text_fn)(void *user, const char *text, size_t len);
 int lp_generate(lp_context *ctx, lp_sampler *sampler, const int32_t *prompt,
                 int n_prompt, const lp_generate_params *params, lp_text_fn fn,
-                void *user, int32_t *out_tokens, int out_cap,
-                lp_generate_stats *stats, lp_error *err);
+                void *user, lp_generate_stats *stats, lp_error *err);
 
 #ifdef __cplusplus
 }

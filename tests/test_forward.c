@@ -281,7 +281,7 @@ static void test_reference_output(const char *model, const char *tokenizer) {
     char text[4096] = "Once upon a time";
     lp_generate_params gp = lp_generate_default_params();
     gp.n_predict = 60;
-    CHECK(lp_generate(ctx, s, prompt, n, &gp, collect, text, NULL, 0, NULL, &err) == 0);
+    CHECK(lp_generate(ctx, s, prompt, n, &gp, collect, text, NULL, &err) == 0);
     size_t got = strlen(text);
     CHECK_MSG(got > 150 && strncmp(text, reference, got) == 0, "%s:\n got: %s\nwant: %s", model,
               text, reference);

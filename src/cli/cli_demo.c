@@ -43,7 +43,7 @@ static int story(lp_context *ctx, const lp_model *model, const char *prompt, flo
     gp.n_predict = 120;
     lp_generate_stats st;
     printf("%s", prompt);
-    int rc = lp_generate(ctx, s, tokens, n, &gp, print_text, NULL, NULL, 0, &st, &err);
+    int rc = lp_generate(ctx, s, tokens, n, &gp, print_text, NULL, &st, &err);
     lp_sampler_free(s);
     if (rc) return cli_fail("generate", &err);
     printf("\n");

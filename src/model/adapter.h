@@ -31,11 +31,15 @@ typedef struct lp_lora_pair {
 
 struct lp_adapter {
     char name[256];
-    const lp_model *base;
+    char base_name[256];     /* the base it was trained on, as the file says ("" if unknown) */
+    const char *format;      /* "lpa", "peft", "gguf" */
+    const lp_model *base;    /* NULL for lp_adapter_inspect */
     int n_layers;
     lp_lora_pair *pairs;     /* [n_layers * LP_PROJ_COUNT] */
     int max_rank;
     uint64_t bytes;          /* bytes of A and B */
+    uint64_t tag;            /* content hash (never 0): KV made with this adapter is
+                                recognised by it, so rebinding costs nothing */
     /* ownership */
     void **owned;
     int n_owned, cap_owned;
@@ -49,5 +53,44 @@ static inline lp_lora_pair *lp_adapter_pair(const lp_adapter *a, int layer, lp_p
 /* A fingerprint of the base's shapes and weights (sampled bytes), stored in
  * .lpa files so an adapter can't silently be used on another base. */
 uint64_t lp_model_fingerprint(const lp_model *m);
+
+/* Reads an adapter without a base (for `adapter info`): shapes are taken from
+ * the file as they are, nothing is permuted, no fingerprint is checked. */
+lp_adapter *lp_adapter_inspect(const char *path, lp_error *err);
+/* Loads an .lpa image from memory (64-byte aligned; must outlive the
+ * adapter). `what` names it in messages. Used by the fuzzer and tests. */
+lp_adapter *lp_adapter_load_lpa_memory(const lp_model *model, const void *data,
+                                       size_t size, const char *what, float scale,
+                                       lp_error *err);
+/* Writes the adapter (loaded for a base) as .lpa. dtype: LP_F32, LP_F16, or
+ * -1 to keep each pair's type. */
+int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err);
+/* Writes `base` (a GGUF base) with W' = W + scale * B A of every adapter
+ * folded in: adapted projections as F32, everything else as stored, all
+ * metadata copied. The per-task merged baseline. */
+int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, int n,
+                     const char *out_path, lp_error *err);
+
+/* ---- PEFT adapter_config.json (exposed for the fuzzer) ---- */
+struct cJSON;
+typedef struct lp_peft_config {
+    int r;
+    float alpha;
+    bool rslora;
+    char base_name[256];
+    struct cJSON *root;                 /* owned */
+    const struct cJSON *rank_pattern;   /* objects or NULL */
+    const struct cJSON *alpha_pattern;
+} lp_peft_config;
+
+/* Parses and checks a config (rejects DoRA, modules_to_save, unsupported
+ * targets, biases, ...). `what` names the file in messages. */
+int lp_peft_config_parse(const char *json, size_t len, const char *what,
+                         lp_peft_config *cfg, lp_error *err);
+void lp_peft_config_free(lp_peft_config *cfg);
+/* Rank and alpha of one module ("model.layers.3.self_attn.q_proj") after
+ * rank_pattern / alpha_pattern. */
+int lp_peft_module_params(const lp_peft_config *cfg, const char *module, const char *what,
+                          int *rank, float *alpha, lp_error *err);
 
 #endif

@@ -339,50 +339,38 @@ static void group_rows_by_adapter(lp_context *ctx) {
  * pair for this layer and projection. */
 static void apply_lora(lp_context *ctx, int layer, lp_proj proj, const float *x, int64_t x_stride,
                        float *y, int64_t y_stride) {
-    if (!ctx->any_adapter) return;
+    if (!ctx->any_adapter && !ctx->params.adapters_onehot) return;
     for (int s = 1; s <= ctx->params.max_adapters; s++) {
         int begin = ctx->group_start[s], end = ctx->group_start[s + 1], n = end - begin;
+        const int *rows = ctx->group_rows + begin;
+        bool onehot = ctx->params.adapters_onehot && ctx->slots[s].adapter;
+        if (onehot) { /* every row, whatever its slot */
+            n = ctx->n_rows;
+            rows = NULL;
+        }
         if (n == 0) continue;
         const lp_lora_pair *pair = lp_adapter_pair(ctx->slots[s].adapter, layer, proj);
         if (pair->rank == 0) continue;
         int64_t in = pair->A.cols, out = pair->B.rows, rank = pair->rank;
-        const int *rows = ctx->group_rows + begin;
         /* gather the group's inputs (contiguous already when it is the whole batch) */
         const float *xs = x;
         int64_t xs_stride = x_stride;
-        bool whole = n == ctx->n_rows && rows[0] == 0 && rows[n - 1] == n - 1;
-        if (!whole) {
+        if (rows && !(n == ctx->n_rows && rows[0] == 0 && rows[n - 1] == n - 1)) {
             for (int i = 0; i < n; i++)
                 memcpy(ctx->lora_x + i * in, x + rows[i] * x_stride, (size_t)in * sizeof(float));
             xs = ctx->lora_x;
             xs_stride = in;
         }
         lp_matmul(&ctx->kern, ctx->pool, &pair->A, xs, xs_stride, n, ctx->lora_t, rank);
-        for (int64_t i = 0; i < n * rank; i++) ctx->lora_t[i] *= pair->scale;
+        for (int i = 0; i < n; i++) {
+            /* one-hot: rows of other slots are multiplied by 0 */
+            float scale = !onehot || ctx->rows[i].adapter == s ? pair->scale : 0.0f;
+            for (int64_t j = 0; j < rank; j++) ctx->lora_t[i * rank + j] *= scale;
+        }
         lp_matmul(&ctx->kern, ctx->pool, &pair->B, ctx->lora_t, rank, n, ctx->lora_y, out);
         for (int i = 0; i < n; i++)
-            lp_axpy(y + rows[i] * y_stride, 1.0f, ctx->lora_y + i * out, out);
+            lp_axpy(y + (rows ? rows[i] : i) * y_stride, 1.0f, ctx->lora_y + i * out, out);
     }
-}
-
-static uint64_t adapter_tag(const lp_adapter *a) {
-    /* FNV-1a over the adapter's shapes, scales and sampled weight bytes. */
-    uint64_t h = 0xcbf29ce484222325ULL;
-#define MIX(ptr, len) for (size_t i_ = 0; i_ < (size_t)(len); i_++) { h ^= ((const uint8_t *)(ptr))[i_]; h *= 0x100000001b3ULL; }
-    for (int l = 0; l < a->n_layers; l++)
-        for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
-            MIX(&pr->rank, sizeof pr->rank);
-            MIX(&pr->scale, sizeof pr->scale);
-            if (!pr->rank) continue;
-            size_t na = pr->A.row_bytes * (size_t)pr->A.rows, nb = pr->B.row_bytes * (size_t)pr->B.rows;
-            MIX(pr->A.data, na < 64 ? na : 64);
-            MIX((const uint8_t *)pr->A.data + na - (na < 64 ? na : 64), na < 64 ? na : 64);
-            MIX(pr->B.data, nb < 64 ? nb : 64);
-            MIX((const uint8_t *)pr->B.data + nb - (nb < 64 ? nb : 64), nb < 64 ? nb : 64);
-        }
-#undef MIX
-    return h ? h : 1;
 }
 
 int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_error *err) {
@@ -393,7 +381,7 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_e
     if (a && a->max_rank > ctx->max_rank)
         return lp_fail(err, "adapter '%s' has rank %d; this context allows up to %d "
                        "(max_adapter_rank)", a->name, a->max_rank, ctx->max_rank);
-    if (ctx->slots[slot].adapter != a) ctx->slots[slot].tag = a ? adapter_tag(a) : 0;
+    ctx->slots[slot].tag = a ? a->tag : 0;
     ctx->slots[slot].adapter = a;
     return 0;
 }

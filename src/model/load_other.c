@@ -256,7 +256,8 @@ int lp_model_load_hf(lp_model *m, const char *dir, lp_error *err) {
 /* ---- llama2.c checkpoint ------------------------------------------------------- */
 
 static lp_weight f32_matrix(const float *data, int64_t rows, int64_t cols) {
-    lp_weight w = {LP_F32, rows, cols, (size_t)cols * sizeof(float), data};
+    lp_weight w = {.type = LP_F32, .rows = rows, .cols = cols,
+                   .row_bytes = (size_t)cols * sizeof(float), .data = data};
     return w;
 }
 

@@ -1,0 +1,211 @@
+/* loraplex adapter: inspect, compile (to .lpa) and merge LoRA adapters.
+ * argv[0] is "adapter", argv[1] the action. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/dtype.h"
+#include "../model/adapter.h"
+#include "cli.h"
+
+int cli_adapter(int argc, char **argv);
+
+static void adapter_usage(FILE *out) {
+    fprintf(out,
+            "usage: loraplex adapter info PATH [-m BASE]\n"
+            "       loraplex adapter compile INPUT --base BASE -o OUT.lpa [--dtype f16|f32] [--scale S]\n"
+            "       loraplex adapter merge --base BASE.gguf --adapter PATH[:SCALE] [--adapter ...]\n"
+            "                              -o MERGED.gguf\n"
+            "PATH / INPUT: an .lpa file, a llama.cpp GGUF LoRA, or a PEFT directory\n"
+            "(adapter_config.json + adapter_model.safetensors).\n"
+            "  info     ranks and scales per projection, targets, size, base name\n"
+            "           (-m BASE: validate against a base and show its conventions applied)\n"
+            "  compile  validate against BASE and write the native .lpa (memory-mappable)\n"
+            "  merge    write BASE with W' = W + scale * B A of every adapter folded in (F32)\n");
+}
+
+static void print_info(const lp_adapter *a, const char *path) {
+    static const char *const projs[LP_PROJ_COUNT] = {"q", "k", "v", "o", "gate", "up", "down"};
+    printf("adapter:    %s\n", path);
+    printf("name:       %s\n", a->name);
+    printf("format:     %s\n", a->format);
+    printf("base:       %s\n", a->base_name[0] ? a->base_name : "(unknown)");
+    if (a->base)
+        printf("fingerprint %016llx (validated against %s)\n",
+               (unsigned long long)lp_model_fingerprint(a->base), a->base->path);
+    printf("layers:     %d\n", a->n_layers);
+    printf("max rank:   %d\n", a->max_rank);
+    printf("bytes:      %llu\n", (unsigned long long)a->bytes);
+    printf("targets:   ");
+    for (int p = 0; p < LP_PROJ_COUNT; p++) {
+        int n = 0;
+        for (int l = 0; l < a->n_layers; l++) n += lp_adapter_pair(a, l, (lp_proj)p)->rank > 0;
+        if (n) printf(" %s(%d layers)", projs[p], n);
+    }
+    printf("\n\nlayer  proj  rank  scale       type  in     out\n");
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < LP_PROJ_COUNT; p++) {
+            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
+            if (!pr->rank) continue;
+            printf("%-6d %-5s %-5d %-11.6g %-5s %-6lld %lld\n", l, projs[p], pr->rank,
+                   (double)pr->scale, lp_dtype_name(pr->A.type), (long long)pr->A.cols,
+                   (long long)pr->B.rows);
+        }
+}
+
+static int do_info(int argc, char **argv) {
+    const char *path = NULL, *base_path = NULL;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "-m") || !strcmp(argv[i], "--base")) {
+            if (!(base_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!path && argv[i][0] != '-') {
+            path = argv[i];
+        } else {
+            fprintf(stderr, "loraplex adapter info: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!path) {
+        adapter_usage(stderr);
+        return 2;
+    }
+    lp_error err = {0};
+    lp_model *base = NULL;
+    if (base_path && !(base = lp_model_load(base_path, NULL, &err))) return cli_fail("model", &err);
+    lp_adapter *a = base ? lp_adapter_load(base, path, 1.0f, &err) : lp_adapter_inspect(path, &err);
+    int rc = 0;
+    if (!a) rc = cli_fail("adapter", &err);
+    else print_info(a, path);
+    lp_adapter_free(a);
+    lp_model_free(base);
+    return rc;
+}
+
+static int do_compile(int argc, char **argv) {
+    const char *in = NULL, *base_path = NULL, *out = NULL;
+    int dtype = -1;
+    double scale = 1.0;
+    for (int i = 2; i < argc; i++) {
+        const char *v;
+        if (!strcmp(argv[i], "--base") || !strcmp(argv[i], "-m")) {
+            if (!(base_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "-o")) {
+            if (!(out = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--dtype")) {
+            if (!(v = cli_value(argc, argv, &i))) return 2;
+            if (!strcmp(v, "f16")) dtype = LP_F16;
+            else if (!strcmp(v, "f32")) dtype = LP_F32;
+            else {
+                fprintf(stderr, "loraplex adapter compile: --dtype is f16 or f32, not '%s'\n", v);
+                return 2;
+            }
+        } else if (!strcmp(argv[i], "--scale")) {
+            if (!(v = cli_value(argc, argv, &i)) || !cli_float("--scale", v, -1e6, 1e6, &scale))
+                return 2;
+        } else if (!in && argv[i][0] != '-') {
+            in = argv[i];
+        } else {
+            fprintf(stderr, "loraplex adapter compile: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!in || !base_path || !out) {
+        adapter_usage(stderr);
+        return 2;
+    }
+    lp_error err = {0};
+    lp_model *base = lp_model_load(base_path, NULL, &err);
+    if (!base) return cli_fail("model", &err);
+    lp_adapter *a = lp_adapter_load(base, in, (float)scale, &err);
+    int rc = 0;
+    if (!a) rc = cli_fail("adapter", &err);
+    else if (lp_adapter_write_lpa(a, out, dtype, &err)) rc = cli_fail("compile", &err);
+    else
+        fprintf(stderr, "loraplex: wrote %s (%d layers, max rank %d, %llu bytes of A/B)\n", out,
+                a->n_layers, a->max_rank, (unsigned long long)a->bytes);
+    lp_adapter_free(a);
+    lp_model_free(base);
+    return rc;
+}
+
+/* "PATH[:SCALE]": the scale is taken only if what follows the last ':' parses. */
+static bool split_scale(const char *arg, char *path, size_t cap, float *scale) {
+    *scale = 1.0f;
+    snprintf(path, cap, "%s", arg);
+    char *colon = strrchr(path, ':');
+    if (!colon || !colon[1]) return true;
+    char *end;
+    double v = strtod(colon + 1, &end);
+    if (*end) return true;   /* a ':' in the path itself */
+    if (!(v > -1e6 && v < 1e6)) return false;
+    *colon = 0;
+    *scale = (float)v;
+    return true;
+}
+
+static int do_merge(int argc, char **argv) {
+    const char *base_path = NULL, *out = NULL;
+    const char *specs[64];
+    int n = 0;
+    for (int i = 2; i < argc; i++) {
+        if (!strcmp(argv[i], "--base") || !strcmp(argv[i], "-m")) {
+            if (!(base_path = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "-o")) {
+            if (!(out = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(argv[i], "--adapter") || !strcmp(argv[i], "-a")) {
+            const char *v = cli_value(argc, argv, &i);
+            if (!v) return 2;
+            if (n == 64) {
+                fprintf(stderr, "loraplex adapter merge: at most 64 adapters\n");
+                return 2;
+            }
+            specs[n++] = v;
+        } else {
+            fprintf(stderr, "loraplex adapter merge: unexpected argument '%s'\n", argv[i]);
+            return 2;
+        }
+    }
+    if (!base_path || !out || n == 0) {
+        adapter_usage(stderr);
+        return 2;
+    }
+    lp_error err = {0};
+    lp_model *base = lp_model_load(base_path, NULL, &err);
+    if (!base) return cli_fail("model", &err);
+    lp_adapter *ads[64] = {0};
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        char path[1024];
+        float scale;
+        if (!split_scale(specs[i], path, sizeof path, &scale)) {
+            fprintf(stderr, "loraplex adapter merge: bad scale in '%s'\n", specs[i]);
+            rc = 2;
+        } else if (!(ads[i] = lp_adapter_load(base, path, scale, &err))) {
+            rc = cli_fail("adapter", &err);
+        }
+    }
+    if (rc == 0 && lp_adapter_merge(base, (const lp_adapter *const *)ads, n, out, &err))
+        rc = cli_fail("merge", &err);
+    if (rc == 0) fprintf(stderr, "loraplex: wrote %s (%d adapter%s merged)\n", out, n, n == 1 ? "" : "s");
+    for (int i = 0; i < n; i++) lp_adapter_free(ads[i]);
+    lp_model_free(base);
+    return rc;
+}
+
+int cli_adapter(int argc, char **argv) {
+    if (argc < 2 || !strcmp(argv[1], "-h") || !strcmp(argv[1], "--help")) {
+        adapter_usage(argc < 2 ? stderr : stdout);
+        return argc < 2 ? 2 : 0;
+    }
+    for (int i = 2; i < argc; i++)
+        if (!strcmp(argv[i], "-h") || !strcmp(argv[i], "--help")) {
+            adapter_usage(stdout);
+            return 0;
+        }
+    if (!strcmp(argv[1], "info")) return do_info(argc, argv);
+    if (!strcmp(argv[1], "compile")) return do_compile(argc, argv);
+    if (!strcmp(argv[1], "merge")) return do_merge(argc, argv);
+    fprintf(stderr, "loraplex adapter: unknown action '%s'\n\n", argv[1]);
+    adapter_usage(stderr);
+    return 2;
+}

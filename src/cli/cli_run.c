@@ -1,0 +1,415 @@
+/* loraplex run: one continuation, or N concurrent variants (--streams), with
+ * optional adapters (one for the whole run, or one per stream). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "../base/base.h"
+#include "cli.h"
+
+#define MAX_STREAMS 64
+#define MAX_ADAPTERS 64
+
+static void run_usage(FILE *out) {
+    fprintf(out,
+            "usage: loraplex run -m MODEL -p PROMPT [options]\n"
+            "  -m, --model PATH        GGUF file, Hugging Face directory or llama2.c .bin\n"
+            "      --tokenizer PATH    tokenizer .bin for llama2.c checkpoints\n"
+            "  -p, --prompt TEXT       the prompt (or -f FILE)\n"
+            "  -f, --file PATH         read the prompt from a file\n"
+            "  -n, --n-predict N       tokens to generate per stream (default 128)\n"
+            "      --temp T            temperature, 0 = greedy (default 0.8)\n"
+            "      --top-k K           (default 40, 0 = off)\n"
+            "      --top-p P           (default 0.95, 1 = off)\n"
+            "      --min-p P           (default 0.05, 0 = off)\n"
+            "      --repeat-penalty R  (default 1.0 = off)\n"
+            "      --repeat-last-n N   tokens the penalty looks back (default 64)\n"
+            "  -s, --seed S            RNG seed (default: from the clock, printed with -v);\n"
+            "                          stream i uses S + i\n"
+            "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
+            "  -t, --threads N         worker threads (default: all cores)\n"
+            "  -c, --ctx N             KV capacity in tokens (default min(model, 4096))\n"
+            "      --chat              wrap the prompt in the model's chat template\n"
+            "      --system TEXT       system message for --chat\n"
+            "      --no-bos            do not prepend BOS\n"
+            "      --echo              print the prompt before the continuation\n"
+            "      --adapter PATH[:S]  apply a LoRA adapter (.lpa, PEFT dir, GGUF LoRA) to the\n"
+            "                          whole run, scaled by S (default 1)\n"
+            "concurrent variants of one prompt (decoded together over one shared prompt):\n"
+            "      --streams N         number of variants (default 1)\n"
+            "      --seed-top          stream i starts from the i-th most likely first token\n"
+            "      --seed-top-min-p P  ... and ends at once if that token's probability < P\n"
+            "      --adapters A,B,...  stream i decodes with adapter i (PATH[:S] each)\n"
+            "      --suffixes \"a|b|..\" stream i appends its own text after the prompt\n"
+            "      --temps T1,T2,...   per-stream temperatures\n"
+            "      --json              JSON lines: {\"stream\":i,\"text\":...} as produced, then\n"
+            "                          {\"stream\":i,\"done\":true,\"stop\":...}\n"
+            "  -v, --verbose           print settings and timings to stderr\n");
+}
+
+typedef struct run_options {
+    const char *model, *tokenizer, *prompt, *prompt_file, *system;
+    const char *stop[16];
+    int n_stop;
+    long n_predict, threads, ctx, seed, streams;
+    bool seed_set, chat, no_bos, echo, verbose, json, seed_top;
+    double seed_top_min_p;
+    const char *adapter, *adapters, *suffixes, *temps;
+    lp_sampler_params sampling;
+} run_options;
+
+static int parse_run(int argc, char **argv, run_options *o) {
+    memset(o, 0, sizeof *o);
+    o->n_predict = 128;
+    o->streams = 1;
+    o->sampling = lp_sampler_default_params();
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        double d;
+        long k;
+#define VALUE() do { if (!(v = cli_value(argc, argv, &i))) return -1; } while (0)
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            run_usage(stdout);
+            return 1;
+        } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VALUE(); o->model = v; }
+        else if (!strcmp(a, "--tokenizer")) { VALUE(); o->tokenizer = v; }
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) { VALUE(); o->prompt = v; }
+        else if (!strcmp(a, "-f") || !strcmp(a, "--file")) { VALUE(); o->prompt_file = v; }
+        else if (!strcmp(a, "--system")) { VALUE(); o->system = v; }
+        else if (!strcmp(a, "--adapter")) { VALUE(); o->adapter = v; }
+        else if (!strcmp(a, "--adapters")) { VALUE(); o->adapters = v; }
+        else if (!strcmp(a, "--suffixes")) { VALUE(); o->suffixes = v; }
+        else if (!strcmp(a, "--temps")) { VALUE(); o->temps = v; }
+        else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
+            VALUE(); if (!cli_int(a, v, 0, 1 << 24, &o->n_predict)) return -1;
+        } else if (!strcmp(a, "--streams")) {
+            VALUE(); if (!cli_int(a, v, 1, MAX_STREAMS, &o->streams)) return -1;
+        } else if (!strcmp(a, "--temp")) {
+            VALUE(); if (!cli_float(a, v, 0, 100, &d)) return -1;
+            o->sampling.temperature = (float)d;
+        } else if (!strcmp(a, "--top-k")) {
+            VALUE(); if (!cli_int(a, v, 0, 1 << 24, &k)) return -1;
+            o->sampling.top_k = (int)k;
+        } else if (!strcmp(a, "--top-p")) {
+            VALUE(); if (!cli_float(a, v, 1e-6, 1, &d)) return -1;
+            o->sampling.top_p = (float)d;
+        } else if (!strcmp(a, "--min-p")) {
+            VALUE(); if (!cli_float(a, v, 0, 1, &d)) return -1;
+            o->sampling.min_p = (float)d;
+        } else if (!strcmp(a, "--seed-top-min-p")) {
+            VALUE(); if (!cli_float(a, v, 0, 1, &o->seed_top_min_p)) return -1;
+        } else if (!strcmp(a, "--repeat-penalty")) {
+            VALUE(); if (!cli_float(a, v, 1e-3, 100, &d)) return -1;
+            o->sampling.repeat_penalty = (float)d;
+        } else if (!strcmp(a, "--repeat-last-n")) {
+            VALUE(); if (!cli_int(a, v, 0, 1 << 20, &k)) return -1;
+            o->sampling.repeat_last_n = (int)k;
+        } else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) {
+            VALUE(); if (!cli_int(a, v, 0, __LONG_MAX__, &o->seed)) return -1;
+            o->seed_set = true;
+        } else if (!strcmp(a, "--stop")) {
+            VALUE();
+            if (o->n_stop == 16) { fprintf(stderr, "loraplex: at most 16 --stop strings\n"); return -1; }
+            o->stop[o->n_stop++] = v;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            VALUE(); if (!cli_int(a, v, 1, 256, &o->threads)) return -1;
+        } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
+            VALUE(); if (!cli_int(a, v, 8, 1 << 24, &o->ctx)) return -1;
+        } else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--seed-top")) o->seed_top = true;
+        else if (!strcmp(a, "--json")) o->json = true;
+        else if (!strcmp(a, "--no-bos")) o->no_bos = true;
+        else if (!strcmp(a, "--echo")) o->echo = true;
+        else if (!strcmp(a, "-v") || !strcmp(a, "--verbose")) o->verbose = true;
+        else {
+            fprintf(stderr, "loraplex run: unknown option '%s' (see --help)\n", a);
+            return -1;
+        }
+#undef VALUE
+    }
+    if (!o->model) {
+        fprintf(stderr, "loraplex run: -m MODEL is required (see --help)\n");
+        return -1;
+    }
+    if (!o->prompt && !o->prompt_file) {
+        fprintf(stderr, "loraplex run: -p PROMPT or -f FILE is required\n");
+        return -1;
+    }
+    return 0;
+}
+
+/* Splits s at sep into at most max parts (pointers into a copy the caller frees). */
+static int split_list(const char *s, char sep, char **copy, char **parts, int max) {
+    *copy = strdup(s ? s : "");
+    if (!*copy) return -1;
+    int n = 0;
+    char *p = *copy;
+    if (!s) return 0;
+    for (;;) {
+        if (n == max) return -1;
+        parts[n++] = p;
+        char *at = strchr(p, sep);
+        if (!at) break;
+        *at = 0;
+        p = at + 1;
+    }
+    return n;
+}
+
+/* "path[:scale]" -> loaded adapter */
+static lp_adapter *load_adapter(const lp_model *model, char *spec, lp_error *err) {
+    float scale = 1.0f;
+    char *colon = strrchr(spec, ':');
+    if (colon && colon[1]) {
+        char *end;
+        double s = strtod(colon + 1, &end);
+        if (*end == 0) {
+            scale = (float)s;
+            *colon = 0;
+        }
+    }
+    return lp_adapter_load(model, spec, scale, err);
+}
+
+/* ---- output ----------------------------------------------------------------------- */
+
+typedef struct printer {
+    bool json, multi;
+    char **texts;       /* per stream, for the grouped plain-text output */
+    size_t *lens;
+} printer;
+
+static void json_string(const char *s, size_t n) {
+    putchar('"');
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c == '"' || c == '\\') printf("\\%c", c);
+        else if (c == '\n') printf("\\n");
+        else if (c == '\t') printf("\\t");
+        else if (c < 0x20) printf("\\u%04x", c);
+        else putchar(c);
+    }
+    putchar('"');
+}
+
+static bool print_text(void *user, int stream, const char *text, size_t len) {
+    printer *p = user;
+    if (p->json) {
+        printf("{\"stream\":%d,\"text\":", stream);
+        json_string(text, len);
+        printf("}\n");
+        fflush(stdout);
+    } else if (!p->multi) {
+        fwrite(text, 1, len, stdout);
+        fflush(stdout);
+    } else {
+        char *grown = realloc(p->texts[stream], p->lens[stream] + len + 1);
+        if (!grown) return false;
+        memcpy(grown + p->lens[stream], text, len);
+        p->lens[stream] += len;
+        grown[p->lens[stream]] = 0;
+        p->texts[stream] = grown;
+        fprintf(stderr, ".");
+    }
+    return true;
+}
+
+/* ---- the command ---------------------------------------------------------------------- */
+
+static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const char *text,
+                              int *n_out, lp_error *err) {
+    char *rendered = NULL;
+    if (o->chat) {
+        lp_message msgs[2];
+        int n = 0;
+        if (o->system) msgs[n++] = (lp_message){"system", o->system};
+        msgs[n++] = (lp_message){"user", text};
+        rendered = lp_chat_apply(model, msgs, n, true, err);
+        if (!rendered) return NULL;
+        text = rendered;
+    }
+    bool add_bos = !o->no_bos && lp_model_add_bos(model);
+    size_t len = strlen(text);
+    int cap = (int)(len + 16 < 1 << 30 ? len + 16 : 1 << 30);
+    int32_t *tokens = malloc((size_t)cap * sizeof(int32_t));
+    int n = tokens ? lp_tokenize(model, text, len, add_bos, o->chat, tokens, cap, err)
+                   : lp_fail(err, "out of memory");
+    free(rendered);
+    if (n < 0 || n > cap) {
+        if (n > cap) lp_fail(err, "prompt too long");
+        free(tokens);
+        return NULL;
+    }
+    *n_out = n;
+    return tokens;
+}
+
+int cli_run(int argc, char **argv) {
+    run_options o;
+    int rc = parse_run(argc, argv, &o);
+    if (rc) return rc > 0 ? 0 : 2;
+    lp_error err = {{0}};
+    char *file_text = NULL, *adapters_copy = NULL, *suffix_copy = NULL, *temps_copy = NULL;
+    char *adapter_specs[MAX_ADAPTERS], *suffix_list[MAX_STREAMS], *temp_list[MAX_STREAMS];
+    lp_adapter *adapters[MAX_ADAPTERS + 1] = {0};
+    lp_sampler *samplers[MAX_STREAMS] = {0};
+    lp_stream streams[MAX_STREAMS];
+    int n_streams = (int)o.streams, n_adapters = 0;
+    lp_model *model = NULL;
+    lp_context *ctx = NULL;
+    int32_t *prompt = NULL;
+    printer out = {o.json, n_streams > 1 && !o.json, NULL, NULL};
+
+    int n_suffix = split_list(o.suffixes, '|', &suffix_copy, suffix_list, MAX_STREAMS);
+    int n_temps = split_list(o.temps, ',', &temps_copy, temp_list, MAX_STREAMS);
+    n_adapters = split_list(o.adapters, ',', &adapters_copy, adapter_specs, MAX_ADAPTERS);
+    rc = 2;
+    if (n_suffix < 0 || n_temps < 0 || n_adapters < 0) {
+        fprintf(stderr, "loraplex run: too many entries in a list option\n");
+        goto out;
+    }
+    if ((o.suffixes && n_suffix != n_streams) || (o.temps && n_temps != n_streams) ||
+        (o.adapters && n_adapters != n_streams)) {
+        fprintf(stderr, "loraplex run: --suffixes, --temps and --adapters need one entry per "
+                        "stream (%d)\n", n_streams);
+        goto out;
+    }
+    rc = 1;
+    const char *text = o.prompt;
+    if (o.prompt_file) {
+        size_t len;
+        if (lp_read_file(o.prompt_file, &file_text, &len, 64u << 20, &err)) {
+            rc = cli_fail("prompt", &err);
+            goto out;
+        }
+        text = file_text;
+    }
+    if (!o.seed_set) o.seed = (long)time(NULL);
+
+    double t0 = lp_now_seconds();
+    lp_model_params mp = {o.tokenizer};
+    model = lp_model_load(o.model, &mp, &err);
+    if (!model) {
+        rc = cli_fail("cannot load model", &err);
+        goto out;
+    }
+    double t_load = lp_now_seconds() - t0;
+    int n_prompt = 0;
+    prompt = prompt_tokens(model, &o, text, &n_prompt, &err);
+    if (!prompt) {
+        rc = cli_fail("cannot tokenize the prompt", &err);
+        goto out;
+    }
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = (int)o.threads;
+    cp.max_sequences = n_streams;
+    cp.n_ctx = (int)(o.ctx ? o.ctx : 0);
+    if (!cp.n_ctx) {
+        /* room for the prompt once and every stream's own tokens */
+        long need = n_prompt + 64 + (long)n_streams * (o.n_predict + 64);
+        cp.n_ctx = (int)(need < 4096 ? 4096 : need);
+    }
+    cp.max_seq_len = n_prompt + (int)o.n_predict + 256;
+    cp.max_adapters = n_adapters + 1;
+    ctx = lp_context_create(model, &cp, &err);
+    if (!ctx) {
+        rc = cli_fail("cannot create context", &err);
+        goto out;
+    }
+    /* slot 1..n: per-stream adapters; slot n+1: the whole-run adapter */
+    for (int i = 0; i < n_adapters + (o.adapter ? 1 : 0); i++) {
+        char spec[1024];
+        snprintf(spec, sizeof spec, "%s", i < n_adapters ? adapter_specs[i] : o.adapter);
+        double ta = lp_now_seconds();
+        adapters[i] = load_adapter(model, spec, &err);
+        if (!adapters[i] || lp_context_bind_adapter(ctx, i + 1, adapters[i], &err)) {
+            rc = cli_fail(spec, &err);
+            goto out;
+        }
+        if (o.verbose)
+            fprintf(stderr, "loraplex: adapter %s (%.1f MiB) loaded in %.1f ms\n", spec,
+                    lp_adapter_bytes(adapters[i]) / 1048576.0, (lp_now_seconds() - ta) * 1e3);
+    }
+    int whole_run_slot = o.adapter ? n_adapters + 1 : 0;
+    for (int i = 0; i < n_streams; i++) {
+        lp_sampler_params sp = o.sampling;
+        sp.seed = (uint64_t)o.seed + (uint64_t)i;
+        if (o.temps) {
+            double t;
+            if (!cli_float("--temps", temp_list[i], 0, 100, &t)) {
+                rc = 2;
+                goto out;
+            }
+            sp.temperature = (float)t;
+        }
+        samplers[i] = lp_sampler_create(model, &sp, &err);
+        if (!samplers[i]) {
+            rc = cli_fail("sampler", &err);
+            goto out;
+        }
+        streams[i] = (lp_stream){o.suffixes ? suffix_list[i] : NULL,
+                                 o.adapters ? i + 1 : whole_run_slot, samplers[i], -1};
+    }
+    if (o.verbose)
+        fprintf(stderr, "loraplex: %d prompt tokens, %d stream(s), seed %ld, load %.0f ms\n",
+                n_prompt, n_streams, o.seed, t_load * 1e3);
+    if (out.multi) {
+        out.texts = calloc((size_t)n_streams, sizeof(char *));
+        out.lens = calloc((size_t)n_streams, sizeof(size_t));
+        if (!out.texts || !out.lens) goto out;
+    }
+    if (o.echo && !o.json) fputs(text, stdout);
+
+    lp_generate_params gp = lp_generate_default_params();
+    gp.n_predict = (int)o.n_predict;
+    gp.stop = o.stop;
+    gp.n_stop = o.n_stop;
+    gp.prefix_adapter = whole_run_slot;
+    gp.seed_top = o.seed_top ? n_streams : 0;
+    gp.seed_top_min_prob = (float)o.seed_top_min_p;
+    lp_stream_stats ss[MAX_STREAMS];
+    lp_generate_stats st;
+    if (lp_generate_streams(ctx, prompt, n_prompt, streams, n_streams, &gp, print_text, &out, ss,
+                            &st, &err)) {
+        rc = cli_fail("generation failed", &err);
+        goto out;
+    }
+    for (int i = 0; i < n_streams; i++) {
+        if (o.json) {
+            printf("{\"stream\":%d,\"done\":true,\"tokens\":%d,\"stop\":\"%s\"}\n", i,
+                   ss[i].n_generated, ss[i].stop_reason);
+        } else if (out.multi) {
+            printf("%s=== stream %d", i ? "\n" : "", i);
+            if (o.adapters) printf(" (adapter %s)", adapter_specs[i]);
+            if (o.suffixes) printf(" (suffix \"%s\")", suffix_list[i]);
+            printf(" ===\n%s%s\n", o.echo ? text : "", out.texts[i] ? out.texts[i] : "");
+        }
+    }
+    if (!o.json && !out.multi) printf("\n");
+    if (out.multi) fprintf(stderr, "\n");
+    fprintf(stderr,
+            "loraplex: prompt %d tokens (%d from cache) in %.1f ms (%.1f tok/s); %d stream(s), "
+            "%d tokens in %.1f ms (%.1f tok/s, %d steps), stop: %s\n",
+            st.n_prompt, st.n_reused, st.prefill_seconds * 1e3,
+            st.prefill_seconds > 0 ? (st.n_prompt - st.n_reused) / st.prefill_seconds : 0.0,
+            n_streams, st.n_generated, st.decode_seconds * 1e3,
+            st.decode_seconds > 0 ? st.n_generated / st.decode_seconds : 0.0,
+            st.decode_steps, st.stop_reason);
+    rc = 0;
+out:
+    if (out.texts)
+        for (int i = 0; i < n_streams; i++) free(out.texts[i]);
+    free(out.texts);
+    free(out.lens);
+    free(prompt);
+    for (int i = 0; i < n_streams; i++) lp_sampler_free(samplers[i]);
+    lp_context_free(ctx);
+    for (int i = 0; i <= MAX_ADAPTERS; i++) lp_adapter_free(adapters[i]);
+    lp_model_free(model);
+    free(file_text);
+    free(adapters_copy);
+    free(suffix_copy);
+    free(temps_copy);
+    return rc;
+}

@@ -1,0 +1,377 @@
+/* .lpa reader and writer (layout in lpa.h). The reader trusts nothing: every
+ * count, size and offset is checked against the file (with overflow checks)
+ * before anything is dereferenced, and both checksums must match. */
+#include "lpa.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/dtype.h"
+
+/* ---- little-endian fields --------------------------------------------------- */
+
+static uint32_t get_u32(const uint8_t *p) {
+    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+static uint64_t get_u64(const uint8_t *p) {
+    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+static float get_f32(const uint8_t *p) {
+    uint32_t u = get_u32(p);
+    float f;
+    memcpy(&f, &u, sizeof f);
+    return f;
+}
+static void put_u32(uint8_t *p, uint32_t v) {
+    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
+}
+static void put_u64(uint8_t *p, uint64_t v) {
+    put_u32(p, (uint32_t)v);
+    put_u32(p + 4, (uint32_t)(v >> 32));
+}
+static void put_f32(uint8_t *p, float f) {
+    uint32_t u;
+    memcpy(&u, &f, sizeof u);
+    put_u32(p, u);
+}
+
+/* ---- shared helpers ------------------------------------------------------------ */
+
+uint64_t lp_lpa_hash(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    while (n > 0) {
+        uint8_t word[8] = {0};
+        size_t take = n < 8 ? n : 8;
+        memcpy(word, p, take);
+        h = (h ^ get_u64(word)) * 0x9E3779B97F4A7C15ull;
+        h ^= h >> 31;
+        p += take;
+        n -= take;
+    }
+    return h;
+}
+
+bool lp_lpa_proj_shape(const lp_lpa_base *b, uint32_t proj, uint64_t *in, uint64_t *out) {
+    uint64_t dim = b->dim, q = (uint64_t)b->n_heads * b->head_dim,
+             kv = (uint64_t)b->n_kv_heads * b->head_dim, ffn = b->ffn_dim;
+    switch (proj) {
+    case 0: *in = dim; *out = q; return true;
+    case 1:
+    case 2: *in = dim; *out = kv; return true;
+    case 3: *in = q; *out = dim; return true;
+    case 4:
+    case 5: *in = dim; *out = ffn; return true;
+    case 6: *in = ffn; *out = dim; return true;
+    default: return false;
+    }
+}
+
+static size_t elem_size(uint32_t dtype) { return dtype == LP_F16 ? 2 : 4; }
+
+static uint64_t align64(uint64_t x) { return (x + LP_LPA_ALIGN - 1) & ~(uint64_t)(LP_LPA_ALIGN - 1); }
+
+/* Bytes of A (rank x in) and B (out x rank); false on overflow. */
+static bool block_bytes(const lp_lpa_entry *e, size_t *a_bytes, size_t *b_bytes) {
+    size_t na, nb;
+    return lp_mul_ok(e->rank, e->in, &na) && lp_mul_ok(na, elem_size(e->dtype), a_bytes) &&
+           lp_mul_ok(e->rank, e->out, &nb) && lp_mul_ok(nb, elem_size(e->dtype), b_bytes);
+}
+
+static const char *const proj_names[LP_LPA_N_PROJ] = {"q", "k", "v", "o", "gate", "up", "down"};
+
+/* ---- reader -------------------------------------------------------------------- */
+
+static int check_name(const uint8_t *field, char *out, const char *what, const char *label,
+                      lp_error *err) {
+    const uint8_t *nul = memchr(field, 0, LP_LPA_NAME_BYTES);
+    if (!nul) return lp_fail(err, "%s: %s is not NUL-terminated", what, label);
+    size_t len = (size_t)(nul - field);
+    if (!lp_utf8_valid(field, len)) return lp_fail(err, "%s: %s is not valid UTF-8", what, label);
+    for (size_t i = len; i < LP_LPA_NAME_BYTES; i++)
+        if (field[i]) return lp_fail(err, "%s: %s has bytes after its terminator", what, label);
+    memcpy(out, field, len + 1);
+    return 0;
+}
+
+static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa *out,
+                        uint64_t *data_start, lp_error *err) {
+    if (size < LP_LPA_HEADER_BYTES)
+        return lp_fail(err, "%s: %zu bytes is too short for an .lpa header (%d)", what, size,
+                       LP_LPA_HEADER_BYTES);
+    if (memcmp(p, LP_LPA_MAGIC, 4) != 0) return lp_fail(err, "%s: not an .lpa file (bad magic)", what);
+    uint32_t version = get_u32(p + 4);
+    if (version != LP_LPA_VERSION)
+        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads %d)", what,
+                       version, LP_LPA_VERSION);
+    uint64_t file_bytes = get_u64(p + 8);
+    if (file_bytes != size)
+        return lp_fail(err, "%s: header says %llu bytes but the file has %zu (truncated?)", what,
+                       (unsigned long long)file_bytes, size);
+    if (size % LP_LPA_ALIGN != 0)
+        return lp_fail(err, "%s: file size %zu is not a multiple of %d", what, size, LP_LPA_ALIGN);
+    lp_lpa_base *b = &out->base;
+    b->fingerprint = get_u64(p + 32);
+    b->arch = get_u32(p + 40);
+    b->flags = get_u32(p + 44);
+    uint32_t *dims[7] = {&b->n_layers, &b->dim, &b->n_heads, &b->n_kv_heads,
+                         &b->head_dim, &b->ffn_dim, &b->n_vocab};
+    static const char *const dim_names[7] = {"n_layers", "dim", "n_heads", "n_kv_heads",
+                                             "head_dim", "ffn_dim", "n_vocab"};
+    for (int i = 0; i < 7; i++) {
+        *dims[i] = get_u32(p + 48 + 4 * i);
+        uint32_t max = i == 0 ? 4096 : (1u << 24);
+        if (*dims[i] == 0 || *dims[i] > max)
+            return lp_fail(err, "%s: base %s = %u is out of range 1..%u", what, dim_names[i],
+                           *dims[i], max);
+    }
+    if (b->arch > 2) return lp_fail(err, "%s: unknown base architecture id %u", what, b->arch);
+    if (b->flags & ~LP_LPA_FLAG_INTERLEAVED)
+        return lp_fail(err, "%s: unknown flags 0x%x", what, b->flags);
+    out->n_entries = get_u32(p + 76);
+    if (out->n_entries > b->n_layers * LP_LPA_N_PROJ)
+        return lp_fail(err, "%s: %u entries for %u layers x %d projections", what,
+                       out->n_entries, b->n_layers, LP_LPA_N_PROJ);
+    *data_start = get_u64(p + 80);
+    uint64_t expect_start = align64(LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries);
+    if (*data_start != expect_start || *data_start > size)
+        return lp_fail(err, "%s: data_start %llu is wrong (expected %llu within %zu bytes)", what,
+                       (unsigned long long)*data_start, (unsigned long long)expect_start, size);
+    for (int i = 88; i < 128; i++)
+        if (p[i]) return lp_fail(err, "%s: reserved header byte %d is not zero", what, i);
+    if (check_name(p + 128, out->name, what, "name", err) ||
+        check_name(p + 384, out->base_name, what, "base_name", err))
+        return -1;
+
+    uint8_t zero[8] = {0};
+    uint64_t h = lp_lpa_hash(LP_LPA_HASH_SEED, p, 16);
+    h = lp_lpa_hash(h, zero, 8);
+    h = lp_lpa_hash(h, p + 24, (size_t)*data_start - 24);
+    if (h != get_u64(p + 16)) return lp_fail(err, "%s: header checksum mismatch (corrupted file)", what);
+    uint64_t dh = lp_lpa_hash(LP_LPA_HASH_SEED, p + *data_start, size - (size_t)*data_start);
+    if (dh != get_u64(p + 24)) return lp_fail(err, "%s: data checksum mismatch (corrupted file)", what);
+    return 0;
+}
+
+static const char *arch_name(uint32_t arch) {
+    static const char *const names[3] = {"llama", "qwen2", "qwen3"};
+    return arch < 3 ? names[arch] : "?";
+}
+
+static int check_base(const lp_lpa_base *have, const lp_lpa_base *want, const char *what,
+                      lp_error *err) {
+    if (have->arch != want->arch || have->n_layers != want->n_layers || have->dim != want->dim ||
+        have->n_heads != want->n_heads || have->n_kv_heads != want->n_kv_heads ||
+        have->head_dim != want->head_dim || have->ffn_dim != want->ffn_dim ||
+        have->n_vocab != want->n_vocab)
+        return lp_fail(err, "%s: compiled for a base of another shape (%s, %u layers, dim %u, "
+                       "ffn %u, vocab %u; this base: %s, %u layers, dim %u, ffn %u, vocab %u)",
+                       what, arch_name(have->arch), have->n_layers, have->dim, have->ffn_dim, have->n_vocab,
+                       arch_name(want->arch), want->n_layers, want->dim, want->ffn_dim, want->n_vocab);
+    if (have->flags != want->flags)
+        return lp_fail(err, "%s: compiled for a base with another q/k row order", what);
+    if (have->fingerprint != want->fingerprint)
+        return lp_fail(err, "%s: compiled for another base (fingerprint %016llx, this base "
+                       "%016llx): recompile it with `loraplex adapter compile`", what,
+                       (unsigned long long)have->fingerprint, (unsigned long long)want->fingerprint);
+    return 0;
+}
+
+static bool all_zero(const uint8_t *p, uint64_t from, uint64_t to) {
+    for (uint64_t i = from; i < to; i++)
+        if (p[i]) return false;
+    return true;
+}
+
+static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, const char *what,
+                         lp_lpa *out, lp_error *err) {
+    uint64_t cursor = data_start, prev_key = 0;
+    for (uint32_t i = 0; i < out->n_entries; i++) {
+        const uint8_t *q = p + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
+        lp_lpa_entry *e = &out->entries[i];
+        e->layer = get_u32(q);
+        e->proj = get_u32(q + 4);
+        e->rank = get_u32(q + 8);
+        e->dtype = get_u32(q + 12);
+        e->scale = get_f32(q + 16);
+        uint64_t a_off = get_u64(q + 24), b_off = get_u64(q + 32);
+        if (e->layer >= out->base.n_layers || e->proj >= LP_LPA_N_PROJ)
+            return lp_fail(err, "%s: entry %u: layer %u / projection %u out of range", what, i,
+                           e->layer, e->proj);
+        const char *pn = proj_names[e->proj];
+        uint64_t key = (uint64_t)e->layer * LP_LPA_N_PROJ + e->proj + 1;
+        if (key <= prev_key)
+            return lp_fail(err, "%s: entry %u (layer %u %s) is out of order or repeated", what, i,
+                           e->layer, pn);
+        prev_key = key;
+        lp_lpa_proj_shape(&out->base, e->proj, &e->in, &e->out);
+        uint64_t max_rank = e->in < e->out ? e->in : e->out;
+        if (e->rank == 0 || e->rank > max_rank)
+            return lp_fail(err, "%s: layer %u %s: rank %u out of range 1..%llu", what, e->layer,
+                           pn, e->rank, (unsigned long long)max_rank);
+        if (e->dtype != LP_F32 && e->dtype != LP_F16)
+            return lp_fail(err, "%s: layer %u %s: dtype %u is not F32 (0) or F16 (1)", what,
+                           e->layer, pn, e->dtype);
+        if (!isfinite(e->scale))
+            return lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer, pn);
+        if (get_u32(q + 20) != 0)
+            return lp_fail(err, "%s: layer %u %s: reserved field is not zero", what, e->layer, pn);
+        size_t a_bytes, b_bytes, a_end, b_end;
+        if (!block_bytes(e, &a_bytes, &b_bytes))
+            return lp_fail(err, "%s: layer %u %s: size overflows", what, e->layer, pn);
+        if (a_off % LP_LPA_ALIGN || b_off % LP_LPA_ALIGN || a_off < cursor ||
+            !lp_add_ok(a_off, a_bytes, &a_end) || a_end > size || b_off < a_end ||
+            !lp_add_ok(b_off, b_bytes, &b_end) || b_end > size)
+            return lp_fail(err, "%s: layer %u %s: A/B offsets %llu/%llu are misaligned, overlap "
+                           "or lie outside the %zu-byte file", what, e->layer, pn,
+                           (unsigned long long)a_off, (unsigned long long)b_off, size);
+        e->a = p + a_off;
+        e->b = p + b_off;
+        cursor = b_end;
+    }
+    return 0;
+}
+
+int lp_lpa_parse(const void *data, size_t size, const lp_lpa_base *expect, const char *what,
+                 lp_lpa *out, lp_error *err) {
+    memset(out, 0, sizeof *out);
+    const uint8_t *p = data;
+    if (size < LP_LPA_HEADER_BYTES)
+        return lp_fail(err, "%s: %zu bytes is too short for an .lpa header (%d)", what, size,
+                       LP_LPA_HEADER_BYTES);
+    if (((uintptr_t)p % LP_LPA_ALIGN) != 0)
+        return lp_fail(err, "%s: .lpa data must be %d-byte aligned in memory", what, LP_LPA_ALIGN);
+    uint64_t data_start = 0;
+    if (parse_header(p, size, what, out, &data_start, err)) return -1;
+    if (expect && check_base(&out->base, expect, what, err)) return -1;
+    /* the table was covered by the header checksum; the padding must be zero */
+    if (!all_zero(p, LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries, data_start))
+        return lp_fail(err, "%s: padding before the data is not zero", what);
+    out->entries = calloc(out->n_entries ? out->n_entries : 1, sizeof *out->entries);
+    if (!out->entries) return lp_fail(err, "out of memory");
+    if (parse_entries(p, size, data_start, what, out, err)) {
+        lp_lpa_release(out);
+        return -1;
+    }
+    return 0;
+}
+
+void lp_lpa_release(lp_lpa *lpa) {
+    free(lpa->entries);
+    lpa->entries = NULL;
+    lpa->n_entries = 0;
+}
+
+/* ---- writer -------------------------------------------------------------------- */
+
+static int cmp_entry(const void *x, const void *y) {
+    const lp_lpa_entry *a = x, *b = y;
+    uint64_t ka = (uint64_t)a->layer * LP_LPA_N_PROJ + a->proj,
+             kb = (uint64_t)b->layer * LP_LPA_N_PROJ + b->proj;
+    return (ka > kb) - (ka < kb);
+}
+
+static void put_name(uint8_t *field, const char *name) {
+    size_t len = name ? strlen(name) : 0;
+    if (len > LP_LPA_NAME_BYTES - 1) len = LP_LPA_NAME_BYTES - 1;
+    /* never cut a UTF-8 sequence in half */
+    while (len > 0 && ((uint8_t)name[len] & 0xC0) == 0x80) len--;
+    if (len) memcpy(field, name, len);
+}
+
+/* Writes [data, data+n) plus zero padding to the next 64 bytes, hashing both. */
+static bool write_block(FILE *f, const void *data, size_t n, uint64_t *h) {
+    static const uint8_t zeros[LP_LPA_ALIGN] = {0};
+    size_t pad = (size_t)(align64(n) - n);
+    *h = lp_lpa_hash(*h, data, n - n % 8);
+    uint8_t tail[LP_LPA_ALIGN] = {0};
+    memcpy(tail, (const uint8_t *)data + (n - n % 8), n % 8);
+    *h = lp_lpa_hash(*h, tail, n % 8 + pad);
+    return fwrite(data, 1, n, f) == n && fwrite(zeros, 1, pad, f) == pad;
+}
+
+int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
+                 const char *base_name, const lp_lpa_entry *entries, uint32_t n, lp_error *err) {
+    if (n > base->n_layers * LP_LPA_N_PROJ)
+        return lp_fail(err, "%s: too many adapter entries (%u)", path, n);
+    lp_lpa_entry *es = calloc(n ? n : 1, sizeof *es);
+    size_t table_end = LP_LPA_HEADER_BYTES + (size_t)LP_LPA_ENTRY_BYTES * n;
+    size_t data_start = (size_t)align64(table_end);
+    uint8_t *head = calloc(1, data_start);
+    if (!es || !head) {
+        free(es);
+        free(head);
+        return lp_fail(err, "out of memory");
+    }
+    if (n) memcpy(es, entries, (size_t)n * sizeof *es);
+    qsort(es, n, sizeof *es, cmp_entry);
+
+    uint64_t off = data_start;
+    int rc = 0;
+    for (uint32_t i = 0; i < n && rc == 0; i++) {
+        lp_lpa_entry *e = &es[i];
+        size_t a_bytes = 0, b_bytes = 0;
+        if (!lp_lpa_proj_shape(base, e->proj, &e->in, &e->out) || e->layer >= base->n_layers ||
+            (i > 0 && cmp_entry(&es[i - 1], e) == 0) || !block_bytes(e, &a_bytes, &b_bytes) ||
+            (e->dtype != LP_F32 && e->dtype != LP_F16) || !isfinite(e->scale)) {
+            rc = lp_fail(err, "%s: invalid adapter entry (layer %u, projection %u)", path,
+                         e->layer, e->proj);
+            break;
+        }
+        uint8_t *q = head + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
+        put_u32(q, e->layer);
+        put_u32(q + 4, e->proj);
+        put_u32(q + 8, e->rank);
+        put_u32(q + 12, e->dtype);
+        put_f32(q + 16, e->scale);
+        put_u64(q + 24, off);
+        off += align64(a_bytes);
+        put_u64(q + 32, off);
+        off += align64(b_bytes);
+    }
+    if (rc) {
+        free(es);
+        free(head);
+        return rc;
+    }
+    memcpy(head, LP_LPA_MAGIC, 4);
+    put_u32(head + 4, LP_LPA_VERSION);
+    put_u64(head + 8, off);
+    put_u64(head + 32, base->fingerprint);
+    put_u32(head + 40, base->arch);
+    put_u32(head + 44, base->flags);
+    const uint32_t dims[7] = {base->n_layers, base->dim, base->n_heads, base->n_kv_heads,
+                              base->head_dim, base->ffn_dim, base->n_vocab};
+    for (int i = 0; i < 7; i++) put_u32(head + 48 + 4 * i, dims[i]);
+    put_u32(head + 76, n);
+    put_u64(head + 80, data_start);
+    put_name(head + 128, name);
+    put_name(head + 384, base_name);
+
+    FILE *f = fopen(path, "wb");
+    if (!f) {
+        free(es);
+        free(head);
+        return lp_fail(err, "%s: cannot create file", path);
+    }
+    /* data first (after a placeholder header) so its checksum is known */
+    bool ok = fwrite(head, 1, data_start, f) == data_start;
+    uint64_t dh = LP_LPA_HASH_SEED;
+    for (uint32_t i = 0; i < n && ok; i++) {
+        size_t a_bytes = 0, b_bytes = 0;
+        block_bytes(&es[i], &a_bytes, &b_bytes);
+        ok = write_block(f, es[i].a, a_bytes, &dh) && write_block(f, es[i].b, b_bytes, &dh);
+    }
+    put_u64(head + 24, dh);
+    put_u64(head + 16, lp_lpa_hash(LP_LPA_HASH_SEED, head, data_start));
+    ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(head, 1, data_start, f) == data_start;
+    ok = (fclose(f) == 0) && ok;
+    free(es);
+    free(head);
+    if (!ok) {
+        remove(path);
+        return lp_fail(err, "%s: write failed", path);
+    }
+    return 0;
+}

@@ -1,0 +1,1113 @@
+/* LoRA adapters: loading from .lpa, Hugging Face PEFT directories and
+ * llama.cpp GGUF LoRAs into one in-memory form (adapter.h), validation
+ * against the base, .lpa writing and merging into a base GGUF.
+ *
+ * The three sources go through one path: the format code lists "pieces"
+ * (layer, projection, A or B half, the stored tensor) and the alpha that
+ * applies, then build_pairs() checks shapes against the base, converts the
+ * data (F32 or F16), and fixes the q/k row order. */
+#define PCRE2_CODE_UNIT_WIDTH 8
+#include "adapter.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <pcre2.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "../base/dtype.h"
+#include "../formats/lpa.h"
+
+_Static_assert(LP_PROJ_COUNT == LP_LPA_N_PROJ, ".lpa projection ids are lp_proj");
+
+static const char *const proj_short[LP_PROJ_COUNT] = {"q", "k", "v", "o", "gate", "up", "down"};
+static const char *const proj_gguf[LP_PROJ_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                     "ffn_gate", "ffn_up", "ffn_down"};
+static const char *const proj_hf[LP_PROJ_COUNT] = {"self_attn.q_proj", "self_attn.k_proj",
+                                                   "self_attn.v_proj", "self_attn.o_proj",
+                                                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
+
+const char *lp_proj_name(lp_proj p) {
+    return (unsigned)p < LP_PROJ_COUNT ? proj_short[p] : "?";
+}
+
+/* ---- fingerprint ---------------------------------------------------------------- */
+
+static uint64_t fnv1a(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    for (size_t i = 0; i < n; i++) h = (h ^ p[i]) * 0x100000001b3ull;
+    return h;
+}
+
+static uint64_t fnv_u64(uint64_t h, uint64_t v) {
+    uint8_t b[8];
+    for (int i = 0; i < 8; i++) b[i] = (uint8_t)(v >> (8 * i));
+    return fnv1a(h, b, 8);
+}
+
+/* Type, shape and the first/last 64 bytes of a weight: cheap, and any
+ * re-quantization or different checkpoint changes it. */
+static uint64_t fnv_weight(uint64_t h, const lp_weight *w) {
+    h = fnv_u64(h, w->type);
+    h = fnv_u64(h, (uint64_t)w->rows);
+    h = fnv_u64(h, (uint64_t)w->cols);
+    if (!w->data || w->rows <= 0) return h;
+    size_t bytes = w->row_bytes * (size_t)w->rows, take = bytes < 64 ? bytes : 64;
+    h = fnv1a(h, w->data, take);
+    return fnv1a(h, (const uint8_t *)w->data + (bytes - take), take);
+}
+
+uint64_t lp_model_fingerprint(const lp_model *m) {
+    const lp_hparams *hp = &m->hp;
+    uint64_t h = 0xcbf29ce484222325ull;
+    const int64_t dims[] = {hp->arch, hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads,
+                            hp->n_kv_heads, hp->head_dim, hp->ffn_dim, hp->rope_neox};
+    for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) h = fnv_u64(h, (uint64_t)dims[i]);
+    h = fnv_weight(h, &m->tok_embd);
+    h = fnv_weight(h, &m->output);
+    for (int l = 0; m->layers && l < hp->n_layers; l++) {
+        const lp_layer *L = &m->layers[l];
+        const lp_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int i = 0; i < 7; i++) h = fnv_weight(h, ws[i]);
+    }
+    return h;
+}
+
+static lp_lpa_base lpa_base_of(const lp_model *m) {
+    const lp_hparams *hp = &m->hp;
+    lp_lpa_base b = {
+        .fingerprint = lp_model_fingerprint(m),
+        .arch = (uint32_t)hp->arch,
+        .flags = hp->rope_neox ? 0 : LP_LPA_FLAG_INTERLEAVED,
+        .n_layers = (uint32_t)hp->n_layers, .dim = (uint32_t)hp->dim,
+        .n_heads = (uint32_t)hp->n_heads, .n_kv_heads = (uint32_t)hp->n_kv_heads,
+        .head_dim = (uint32_t)hp->head_dim, .ffn_dim = (uint32_t)hp->ffn_dim,
+        .n_vocab = (uint32_t)hp->n_vocab,
+    };
+    return b;
+}
+
+static const lp_weight *base_weight(const lp_model *m, int layer, lp_proj p) {
+    const lp_layer *L = &m->layers[layer];
+    const lp_weight *ws[LP_PROJ_COUNT] = {&L->wq, &L->wk, &L->wv, &L->wo,
+                                          &L->w_gate, &L->w_up, &L->w_down};
+    return ws[p];
+}
+
+/* ---- the adapter object ----------------------------------------------------------- */
+
+static void *adapter_own(lp_adapter *a, size_t bytes) {
+    if (a->n_owned == a->cap_owned) {
+        int cap = a->cap_owned ? a->cap_owned * 2 : 32;
+        void **grown = realloc(a->owned, (size_t)cap * sizeof *grown);
+        if (!grown) return NULL;
+        a->owned = grown;
+        a->cap_owned = cap;
+    }
+    void *p = lp_alloc(bytes);
+    if (p) a->owned[a->n_owned++] = p;
+    return p;
+}
+
+void lp_adapter_free(lp_adapter *a) {
+    if (!a) return;
+    for (int i = 0; i < a->n_owned; i++) lp_free(a->owned[i]);
+    free(a->owned);
+    free(a->pairs);
+    lp_unmap_file(&a->file);
+    free(a);
+}
+
+const char *lp_adapter_name(const lp_adapter *a) { return a->name; }
+uint64_t lp_adapter_bytes(const lp_adapter *a) { return a->bytes; }
+
+static lp_adapter *adapter_new(const lp_model *model, int n_layers, lp_error *err) {
+    lp_adapter *a = calloc(1, sizeof *a);
+    if (a) a->pairs = calloc((size_t)(n_layers > 0 ? n_layers : 1) * LP_PROJ_COUNT, sizeof *a->pairs);
+    if (!a || !a->pairs) {
+        free(a);
+        lp_fail(err, "out of memory");
+        return NULL;
+    }
+    a->base = model;
+    a->n_layers = n_layers;
+    return a;
+}
+
+static void copy_name(char *dst, size_t cap, const char *src, size_t len) {
+    if (len >= cap) len = cap - 1;
+    while (len > 0 && ((uint8_t)src[len] & 0xC0) == 0x80) len--; /* whole UTF-8 chars */
+    memcpy(dst, src, len);
+    dst[len] = 0;
+}
+
+static const char *basename_of(const char *path) {
+    size_t n = strlen(path);
+    while (n > 1 && path[n - 1] == '/') n--;  /* "dir/" -> "dir" */
+    const char *s = path + n;
+    while (s > path && s[-1] != '/') s--;
+    return s;
+}
+
+static void finish_totals(lp_adapter *a) {
+    a->bytes = 0;
+    a->max_rank = 0;
+    for (int i = 0; i < a->n_layers * LP_PROJ_COUNT; i++) {
+        const lp_lora_pair *p = &a->pairs[i];
+        if (p->rank == 0) continue;
+        a->bytes += (uint64_t)(p->A.row_bytes * (size_t)p->A.rows + p->B.row_bytes * (size_t)p->B.rows);
+        if (p->rank > a->max_rank) a->max_rank = p->rank;
+    }
+}
+
+/* ---- pieces: the common path of the GGUF and PEFT loaders ---------------------------- */
+
+typedef struct src_tensor {
+    char name[192];
+    bool gguf;              /* print dims innermost first */
+    uint32_t dtype;         /* LP_F32, LP_F16, LP_BF16 */
+    uint64_t rows, cols;    /* row-major as stored */
+    const void *data;       /* possibly unaligned */
+} src_tensor;
+
+typedef struct piece {
+    int layer;
+    lp_proj proj;
+    bool is_b;
+    src_tensor t;
+} piece;
+
+typedef struct piece_list {
+    piece *items;
+    size_t n, cap;
+} piece_list;
+
+static int push_piece(piece_list *l, const piece *p, lp_error *err) {
+    if (l->n == l->cap) {
+        size_t cap = l->cap ? l->cap * 2 : 64;
+        piece *grown = realloc(l->items, cap * sizeof *grown);
+        if (!grown) return lp_fail(err, "out of memory");
+        l->items = grown;
+        l->cap = cap;
+    }
+    l->items[l->n++] = *p;
+    return 0;
+}
+
+/* How the loader turns alpha and rank into a scale. */
+typedef struct scale_rule {
+    float user_scale;
+    bool gguf;                     /* alpha 0 means "no alpha/r" (llama.cpp) */
+    float alpha;                   /* GGUF: one alpha */
+    const lp_peft_config *peft;    /* PEFT: per-module r/alpha */
+} scale_rule;
+
+static void shape_str(const src_tensor *t, char *buf, size_t cap) {
+    if (t->gguf) snprintf(buf, cap, "[%llu, %llu]", (unsigned long long)t->cols, (unsigned long long)t->rows);
+    else snprintf(buf, cap, "[%llu, %llu]", (unsigned long long)t->rows, (unsigned long long)t->cols);
+}
+
+static void expect_str(bool gguf, uint64_t rows, uint64_t cols, char *buf, size_t cap) {
+    if (gguf) snprintf(buf, cap, "[%llu, %llu]", (unsigned long long)cols, (unsigned long long)rows);
+    else snprintf(buf, cap, "[%llu, %llu]", (unsigned long long)rows, (unsigned long long)cols);
+}
+
+static float read_elem(uint32_t dtype, const uint8_t *p, size_t i) {
+    if (dtype == LP_F32) {
+        float f;
+        memcpy(&f, p + 4 * i, 4);
+        return f;
+    }
+    uint16_t h;
+    memcpy(&h, p + 2 * i, 2);
+    return dtype == LP_F16 ? lp_f16_to_f32(h) : lp_bf16_to_f32(h);
+}
+
+/* Row `dst` of q/k output rows comes from which source row. Interleaved
+ * order pairs rows (2i, 2i+1) of a head for rotary; Hugging Face order pairs
+ * (i, i + d/2). HF row s*d/2+i is interleaved row 2i+s. */
+static uint64_t source_row(uint64_t dst, int head_dim, int direction) {
+    uint64_t d = (uint64_t)head_dim, half = d / 2, head = dst / d, j = dst % d;
+    if (direction > 0) /* HF source, interleaved destination */
+        return head * d + (j % 2) * half + j / 2;
+    /* interleaved source, HF destination */
+    return head * d + 2 * (j % half) + j / half;
+}
+
+/* Converts a stored tensor into an owned, aligned F32/F16 matrix, checking
+ * every value is finite, with optional q/k row reordering. */
+static int convert(lp_adapter *a, const src_tensor *t, int permute_dir, int head_dim,
+                   const char *what, lp_weight *out, lp_error *err) {
+    uint32_t type = t->dtype == LP_F16 ? LP_F16 : LP_F32;
+    size_t esz = type == LP_F16 ? 2 : 4, src_esz = t->dtype == LP_F32 ? 4 : 2;
+    size_t row_bytes, bytes;
+    if (!lp_mul_ok((size_t)t->cols, esz, &row_bytes) || !lp_mul_ok(row_bytes, (size_t)t->rows, &bytes))
+        return lp_fail(err, "%s: tensor '%s' is too large", what, t->name);
+    uint8_t *dst = adapter_own(a, bytes ? bytes : 1);
+    if (!dst) return lp_fail(err, "%s: out of memory for tensor '%s'", what, t->name);
+    const uint8_t *src = t->data;
+    for (uint64_t r = 0; r < t->rows; r++) {
+        uint64_t sr = permute_dir ? source_row(r, head_dim, permute_dir) : r;
+        const uint8_t *srow = src + sr * t->cols * src_esz;
+        uint8_t *drow = dst + r * row_bytes;
+        for (uint64_t c = 0; c < t->cols; c++) {
+            float v = read_elem(t->dtype, srow, c);
+            if (!isfinite(v))
+                return lp_fail(err, "%s: tensor '%s' has a non-finite value at [%llu, %llu]", what,
+                               t->name, (unsigned long long)sr, (unsigned long long)c);
+        }
+        if (type == t->dtype) memcpy(drow, srow, row_bytes);
+        else
+            for (uint64_t c = 0; c < t->cols; c++) {
+                float v = read_elem(t->dtype, srow, c);
+                memcpy(drow + 4 * c, &v, 4);
+            }
+    }
+    out->type = type;
+    out->rows = (int64_t)t->rows;
+    out->cols = (int64_t)t->cols;
+    out->row_bytes = row_bytes;
+    out->data = dst;
+    return 0;
+}
+
+static int pair_scale(const scale_rule *rule, int layer, lp_proj p, int rank, const char *what,
+                      const char *tensor, float *out, lp_error *err) {
+    if (rule->peft) {
+        char module[96];
+        snprintf(module, sizeof module, "model.layers.%d.%s", layer, proj_hf[p]);
+        int want_rank;
+        float alpha;
+        if (lp_peft_module_params(rule->peft, module, what, &want_rank, &alpha, err)) return -1;
+        if (want_rank != rank)
+            return lp_fail(err, "%s: tensor '%s' has rank %d but adapter_config.json says r = %d "
+                           "for %s (r / rank_pattern)", what, tensor, rank, want_rank, module);
+        float denom = rule->peft->rslora ? sqrtf((float)rank) : (float)rank;
+        *out = alpha / denom * rule->user_scale;
+    } else {
+        *out = rule->alpha == 0.0f ? rule->user_scale : rule->alpha / (float)rank * rule->user_scale;
+    }
+    if (!isfinite(*out)) return lp_fail(err, "%s: the scale of '%s' is not finite", what, tensor);
+    return 0;
+}
+
+/* Shapes, ranks, halves, conversion. src_interleaved: the source's q/k rows
+ * are in interleaved (GGUF llama) order rather than Hugging Face order. */
+static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *rule,
+                       bool src_interleaved, const char *what, lp_error *err) {
+    const lp_model *m = a->base;
+    size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
+    const piece **halves = calloc(n_slots * 2, sizeof *halves);
+    if (!halves) return lp_fail(err, "out of memory");
+    int rc = 0;
+    for (size_t i = 0; i < pl->n && rc == 0; i++) {
+        const piece *p = &pl->items[i];
+        if (p->layer < 0 || p->layer >= a->n_layers) {
+            rc = lp_fail(err, "%s: tensor '%s' is for layer %d, but the base has %d layers (0..%d)",
+                         what, p->t.name, p->layer, a->n_layers, a->n_layers - 1);
+            break;
+        }
+        const piece **slot = &halves[((size_t)p->layer * LP_PROJ_COUNT + p->proj) * 2 + p->is_b];
+        if (*slot) rc = lp_fail(err, "%s: tensors '%s' and '%s' are the same half of one pair",
+                                what, (*slot)->t.name, p->t.name);
+        *slot = p;
+    }
+    bool dst_interleaved = m && !m->hp.rope_neox;
+    for (size_t s = 0; s < n_slots && rc == 0; s++) {
+        const piece *pa = halves[2 * s], *pb = halves[2 * s + 1];
+        if (!pa && !pb) continue;
+        int layer = (int)(s / LP_PROJ_COUNT);
+        lp_proj proj = (lp_proj)(s % LP_PROJ_COUNT);
+        if (!pa || !pb) {
+            const piece *have = pa ? pa : pb;
+            rc = lp_fail(err, "%s: layer %d %s has '%s' but no matching lora_%s half", what, layer,
+                         proj_short[proj], have->t.name, pa ? "B" : "A");
+            break;
+        }
+        const src_tensor *A = &pa->t, *B = &pb->t;
+        uint64_t in = A->cols, out = B->rows, rank = A->rows;
+        if (m) {
+            const lp_weight *w = base_weight(m, layer, proj);
+            in = (uint64_t)w->cols;
+            out = (uint64_t)w->rows;
+        }
+        char have[64], want[64];
+        if (A->cols != in || A->rows == 0) {
+            shape_str(A, have, sizeof have);
+            expect_str(A->gguf, rank, in, want, sizeof want);
+            rc = lp_fail(err, "%s: tensor '%s' has shape %s, expected %s (rank x %llu inputs of "
+                         "layer %d %s)", what, A->name, have, want, (unsigned long long)in, layer,
+                         proj_short[proj]);
+            break;
+        }
+        if (B->rows != out || B->cols != rank) {
+            shape_str(B, have, sizeof have);
+            expect_str(B->gguf, out, rank, want, sizeof want);
+            rc = lp_fail(err, "%s: tensor '%s' has shape %s, expected %s (%llu outputs of layer "
+                         "%d %s x rank %llu of its lora_A)", what, B->name, have, want,
+                         (unsigned long long)out, layer, proj_short[proj],
+                         (unsigned long long)rank);
+            break;
+        }
+        uint64_t max_rank = in < out ? in : out;
+        if (rank > max_rank || rank > 65536) {
+            rc = lp_fail(err, "%s: tensor '%s' has rank %llu, more than min(in, out) = %llu",
+                         what, A->name, (unsigned long long)rank, (unsigned long long)max_rank);
+            break;
+        }
+        lp_lora_pair *pair = &a->pairs[s];
+        int dir = 0;
+        if (m && (proj == LP_PROJ_Q || proj == LP_PROJ_K) && src_interleaved != dst_interleaved)
+            dir = dst_interleaved ? 1 : -1;
+        pair->rank = (int)rank;
+        rc = pair_scale(rule, layer, proj, (int)rank, what, A->name, &pair->scale, err);
+        if (rc == 0) rc = convert(a, A, 0, 0, what, &pair->A, err);
+        if (rc == 0) rc = convert(a, B, dir, m ? m->hp.head_dim : 0, what, &pair->B, err);
+    }
+    free(halves);
+    return rc;
+}
+
+/* n_layers for the pair table: the base's, or (inspect) the highest seen + 1. */
+static int layers_for(const lp_model *m, const piece_list *pl) {
+    if (m) return m->hp.n_layers;
+    int n = 0;
+    for (size_t i = 0; i < pl->n; i++)
+        if (pl->items[i].layer + 1 > n) n = pl->items[i].layer + 1;
+    return n;
+}
+
+/* Reads a decimal layer number (at most 6 digits) at *s. */
+static bool parse_layer(const char **s, int *out) {
+    int v = 0, digits = 0;
+    while (**s >= '0' && **s <= '9' && digits < 7) {
+        v = v * 10 + (**s - '0');
+        (*s)++;
+        digits++;
+    }
+    *out = v;
+    return digits > 0 && digits <= 6;
+}
+
+/* ---- llama.cpp GGUF LoRA ------------------------------------------------------------ */
+
+/* "blk.N.attn_q.weight.lora_a" -> layer, proj, half; false if not of that form. */
+static bool parse_gguf_name(const char *name, int *layer, lp_proj *proj, bool *is_b) {
+    if (strncmp(name, "blk.", 4) != 0) return false;
+    const char *s = name + 4;
+    if (!parse_layer(&s, layer) || *s++ != '.') return false;
+    for (int p = 0; p < LP_PROJ_COUNT; p++) {
+        size_t n = strlen(proj_gguf[p]);
+        if (strncmp(s, proj_gguf[p], n) != 0) continue;
+        const char *rest = s + n;
+        if (!strcmp(rest, ".weight.lora_a") || !strcmp(rest, ".weight.lora_b")) {
+            *proj = (lp_proj)p;
+            *is_b = rest[13] == 'b';
+            return true;
+        }
+    }
+    return false;
+}
+
+static int gguf_str(const lp_gguf *g, const char *key, char *out, size_t cap, lp_error *err) {
+    lp_str s;
+    int rc = lp_gguf_get_str(g, key, &s, err);
+    if (rc == 1) copy_name(out, cap, s.ptr, s.len);
+    else if (cap) out[0] = 0;
+    return rc;
+}
+
+static int load_gguf_pieces(const lp_gguf *g, const char *path, piece_list *pl, lp_error *err) {
+    for (size_t i = 0; i < lp_gguf_tensor_count(g); i++) {
+        const lp_gguf_tensor *t = lp_gguf_tensor_at(g, i);
+        piece p = {0};
+        copy_name(p.t.name, sizeof p.t.name, t->name.ptr, t->name.len);
+        if (!parse_gguf_name(p.t.name, &p.layer, &p.proj, &p.is_b)) {
+            if (strstr(p.t.name, "token_embd") || strncmp(p.t.name, "output", 6) == 0)
+                return lp_fail(err, "%s: tensor '%s': adapters on the token embedding or the "
+                               "output layer are not supported (only q, k, v, o, gate, up, down)",
+                               path, p.t.name);
+            return lp_fail(err, "%s: tensor '%s' is not a LoRA half of a supported projection "
+                           "(blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}"
+                           ".weight.lora_{a,b})", path, p.t.name);
+        }
+        if (t->type != LP_F32 && t->type != LP_F16 && t->type != LP_BF16)
+            return lp_fail(err, "%s: tensor '%s' has type %s (F32, F16, BF16 are supported)", path,
+                           p.t.name, lp_dtype_name(t->type));
+        if (t->n_dims != 2)
+            return lp_fail(err, "%s: tensor '%s' has %u dimensions, expected 2", path, p.t.name,
+                           t->n_dims);
+        p.t.gguf = true;
+        p.t.dtype = t->type;
+        p.t.cols = t->dims[0];
+        p.t.rows = t->dims[1];
+        p.t.data = t->data;
+        if (push_piece(pl, &p, err)) return -1;
+    }
+    return 0;
+}
+
+static lp_adapter *load_gguf(const lp_model *m, const char *path, float scale, lp_error *err) {
+    lp_gguf *g = lp_gguf_open(path, err);
+    if (!g) return NULL;
+    lp_adapter *a = NULL;
+    piece_list pl = {0};
+    char type[64], arch[64];
+    int rc = gguf_str(g, "general.type", type, sizeof type, err);
+    if (rc >= 0 && strcmp(type, "adapter") != 0) {
+        rc = lp_fail(err, "%s: general.type is \"%s\", not \"adapter\": this is a model, not a "
+                     "LoRA adapter", path, type);
+    }
+    if (rc >= 0) rc = gguf_str(g, "adapter.type", type, sizeof type, err);
+    if (rc >= 0 && strcmp(type, "lora") != 0)
+        rc = lp_fail(err, "%s: adapter.type is \"%s\" (only \"lora\" is supported)", path, type);
+    if (rc >= 0) rc = gguf_str(g, "general.architecture", arch, sizeof arch, err);
+    if (rc >= 0 && !strcmp(arch, "mistral")) snprintf(arch, sizeof arch, "llama");
+    lp_arch a_arch = LP_ARCH_LLAMA;
+    if (rc >= 0 && lp_arch_from_name(arch, &a_arch) != 0)
+        rc = lp_fail(err, "%s: adapter architecture \"%s\" is not supported", path, arch);
+    if (rc >= 0 && m && a_arch != m->hp.arch)
+        rc = lp_fail(err, "%s: adapter is for architecture \"%s\" but the base is \"%s\"", path,
+                     arch, lp_arch_name(m->hp.arch));
+    float alpha = 0.0f;
+    if (rc >= 0 && lp_gguf_get_f32(g, "adapter.lora.alpha", &alpha, err) < 0) rc = -1;
+    if (rc >= 0 && !isfinite(alpha)) rc = lp_fail(err, "%s: adapter.lora.alpha is not finite", path);
+    if (rc >= 0) rc = load_gguf_pieces(g, path, &pl, err);
+    if (rc >= 0 && pl.n == 0) rc = lp_fail(err, "%s: the adapter has no LoRA tensors", path);
+    if (rc >= 0) a = adapter_new(m, layers_for(m, &pl), err);
+    if (a) {
+        a->format = "gguf";
+        if (gguf_str(g, "general.name", a->name, sizeof a->name, NULL) != 1 || !a->name[0])
+            snprintf(a->name, sizeof a->name, "%s", basename_of(path));
+        /* llama.cpp's converter permutes q/k rows for the llama architecture only */
+        scale_rule rule = {.user_scale = scale, .gguf = true, .alpha = alpha};
+        if (build_pairs(a, &pl, &rule, a_arch == LP_ARCH_LLAMA, path, err)) {
+            lp_adapter_free(a);
+            a = NULL;
+        } else {
+            finish_totals(a);
+        }
+    }
+    free(pl.items);
+    lp_gguf_close(g);
+    return a;
+}
+
+/* ---- PEFT adapter_config.json -------------------------------------------------------- */
+
+static const char *const supported_modules[] = {"q_proj", "k_proj", "v_proj", "o_proj",
+                                                "gate_proj", "up_proj", "down_proj"};
+
+/* Does `subject` match `pattern`: PEFT's re.match(rf"(.*\.)?({key})$") when
+ * `suffix`, else re.fullmatch(pattern). Returns 1, 0, or -1 (bad pattern). */
+static int regex_match(const char *pattern, const char *subject, bool suffix) {
+    char *full = NULL;
+    size_t n = strlen(pattern) + 32;
+    full = malloc(n);
+    if (!full) return -1;
+    snprintf(full, n, suffix ? "(?:.*\\.)?(?:%s)$" : "(?:%s)", pattern);
+    int errcode;
+    PCRE2_SIZE erroff;
+    pcre2_code *re = pcre2_compile((PCRE2_SPTR)full, PCRE2_ZERO_TERMINATED, 0, &errcode,
+                                   &erroff, NULL);
+    free(full);
+    if (!re) return -1;
+    pcre2_match_data *md = pcre2_match_data_create_from_pattern(re, NULL);
+    pcre2_match_context *mc = pcre2_match_context_create(NULL);
+    int result = -1;
+    if (md && mc) {
+        pcre2_set_match_limit(mc, 100000);
+        pcre2_set_depth_limit(mc, 1000);
+        int rc = pcre2_match(re, (PCRE2_SPTR)subject, strlen(subject), 0,
+                             PCRE2_ANCHORED | PCRE2_ENDANCHORED, md, mc);
+        result = rc >= 0 ? 1 : rc == PCRE2_ERROR_NOMATCH ? 0 : -1;
+    }
+    pcre2_match_context_free(mc);
+    pcre2_match_data_free(md);
+    pcre2_code_free(re);
+    return result;
+}
+
+static bool is_supported_module(const char *name) {
+    for (size_t i = 0; i < sizeof supported_modules / sizeof supported_modules[0]; i++)
+        if (!strcmp(name, supported_modules[i])) return true;
+    return false;
+}
+
+static int check_targets(const cJSON *t, const char *what, lp_error *err) {
+    if (!t || cJSON_IsNull(t)) return 0;
+    if (cJSON_IsString(t)) {
+        if (!strcmp(t->valuestring, "all-linear")) return 0;  /* PEFT excludes lm_head */
+        static const char *const bad[] = {"model.embed_tokens", "lm_head"};
+        for (int i = 0; i < 2; i++) {
+            int r = regex_match(t->valuestring, bad[i], false);
+            if (r < 0)
+                return lp_fail(err, "%s: target_modules \"%s\" is not a usable regular expression",
+                               what, t->valuestring);
+            if (r == 1)
+                return lp_fail(err, "%s: target_modules \"%s\" matches %s: adapters on the "
+                               "embedding or lm_head are not supported", what, t->valuestring,
+                               bad[i]);
+        }
+        return 0;
+    }
+    if (!cJSON_IsArray(t))
+        return lp_fail(err, "%s: target_modules must be a list or a string", what);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, t) {
+        if (!cJSON_IsString(it))
+            return lp_fail(err, "%s: target_modules entries must be strings", what);
+        const char *dot = strrchr(it->valuestring, '.');
+        const char *leaf = dot ? dot + 1 : it->valuestring;
+        if (!is_supported_module(leaf))
+            return lp_fail(err, "%s: target_modules entry \"%s\" is not supported (supported: "
+                           "q_proj, k_proj, v_proj, o_proj, gate_proj, up_proj, down_proj)",
+                           what, it->valuestring);
+    }
+    return 0;
+}
+
+static int check_pattern_object(const cJSON *o, const char *key, bool integer, const char *what,
+                                lp_error *err) {
+    if (!o || cJSON_IsNull(o)) return 0;
+    if (!cJSON_IsObject(o)) return lp_fail(err, "%s: \"%s\" must be an object", what, key);
+    const cJSON *it;
+    cJSON_ArrayForEach(it, o) {
+        if (!cJSON_IsNumber(it) || !isfinite(it->valuedouble) ||
+            (integer && (it->valuedouble < 1 || it->valuedouble > 65536 ||
+                         it->valuedouble != floor(it->valuedouble))))
+            return lp_fail(err, "%s: %s[\"%s\"] must be %s", what, key, it->string ? it->string : "",
+                           integer ? "an integer rank 1..65536" : "a finite number");
+    }
+    return 0;
+}
+
+static bool json_true(const cJSON *root, const char *key) {
+    return cJSON_IsTrue(cJSON_GetObjectItemCaseSensitive(root, key));
+}
+
+static int check_config(const cJSON *root, const char *what, lp_peft_config *cfg, lp_error *err) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "peft_type");
+    if (!cJSON_IsString(v))
+        return lp_fail(err, "%s: missing \"peft_type\" (expected \"LORA\")", what);
+    if (strcmp(v->valuestring, "LORA") != 0)
+        return lp_fail(err, "%s: peft_type \"%s\" is not supported (only \"LORA\")", what,
+                       v->valuestring);
+    if (json_true(root, "use_dora"))
+        return lp_fail(err, "%s: use_dora: true: DoRA adapters are not supported", what);
+    v = cJSON_GetObjectItemCaseSensitive(root, "modules_to_save");
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0) {
+        const cJSON *first = cJSON_GetArrayItem(v, 0);
+        return lp_fail(err, "%s: modules_to_save is not empty (\"%s\"...): fully trained "
+                       "modules are not supported", what,
+                       cJSON_IsString(first) ? first->valuestring : "?");
+    }
+    if (v && !cJSON_IsNull(v) && !cJSON_IsArray(v))
+        return lp_fail(err, "%s: modules_to_save must be a list or null", what);
+    v = cJSON_GetObjectItemCaseSensitive(root, "bias");
+    if (cJSON_IsString(v) && strcmp(v->valuestring, "none") != 0)
+        return lp_fail(err, "%s: bias \"%s\": trained biases are not supported (only \"none\")",
+                       what, v->valuestring);
+    if (json_true(root, "lora_bias"))
+        return lp_fail(err, "%s: lora_bias: true is not supported", what);
+    v = cJSON_GetObjectItemCaseSensitive(root, "layer_replication");
+    if (v && !cJSON_IsNull(v))
+        return lp_fail(err, "%s: layer_replication is not supported", what);
+    v = cJSON_GetObjectItemCaseSensitive(root, "target_parameters");
+    if (cJSON_IsArray(v) && cJSON_GetArraySize(v) > 0)
+        return lp_fail(err, "%s: target_parameters is not supported", what);
+    /* fan_in_fan_out only concerns GPT-2 style Conv1D bases; PEFT resets it
+     * to false for nn.Linear layers and lora_A/lora_B are Linear weights
+     * either way, so it is accepted and ignored (shapes are checked). */
+    if (check_targets(cJSON_GetObjectItemCaseSensitive(root, "target_modules"), what, err))
+        return -1;
+
+    v = cJSON_GetObjectItemCaseSensitive(root, "r");
+    if (!cJSON_IsNumber(v) || v->valuedouble < 1 || v->valuedouble > 65536 ||
+        v->valuedouble != floor(v->valuedouble))
+        return lp_fail(err, "%s: \"r\" must be an integer rank 1..65536", what);
+    cfg->r = (int)v->valuedouble;
+    v = cJSON_GetObjectItemCaseSensitive(root, "lora_alpha");
+    cfg->alpha = 8.0f;  /* PEFT's default */
+    if (v && !cJSON_IsNull(v)) {
+        if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble) || fabs(v->valuedouble) > 1e30)
+            return lp_fail(err, "%s: \"lora_alpha\" must be a finite number", what);
+        cfg->alpha = (float)v->valuedouble;
+    }
+    cfg->rslora = json_true(root, "use_rslora");
+    cfg->rank_pattern = cJSON_GetObjectItemCaseSensitive(root, "rank_pattern");
+    cfg->alpha_pattern = cJSON_GetObjectItemCaseSensitive(root, "alpha_pattern");
+    if (check_pattern_object(cfg->rank_pattern, "rank_pattern", true, what, err) ||
+        check_pattern_object(cfg->alpha_pattern, "alpha_pattern", false, what, err))
+        return -1;
+    if (cJSON_IsNull(cfg->rank_pattern)) cfg->rank_pattern = NULL;
+    if (cJSON_IsNull(cfg->alpha_pattern)) cfg->alpha_pattern = NULL;
+    v = cJSON_GetObjectItemCaseSensitive(root, "base_model_name_or_path");
+    if (cJSON_IsString(v)) copy_name(cfg->base_name, sizeof cfg->base_name, v->valuestring,
+                                     strlen(v->valuestring));
+    return 0;
+}
+
+int lp_peft_config_parse(const char *json, size_t len, const char *what, lp_peft_config *cfg,
+                         lp_error *err) {
+    memset(cfg, 0, sizeof *cfg);
+    cJSON *root = cJSON_ParseWithLength(json, len);
+    if (!root || !cJSON_IsObject(root)) {
+        cJSON_Delete(root);
+        return lp_fail(err, "%s: not a valid JSON object", what);
+    }
+    cfg->root = root;
+    if (check_config(root, what, cfg, err)) {
+        lp_peft_config_free(cfg);
+        return -1;
+    }
+    return 0;
+}
+
+void lp_peft_config_free(lp_peft_config *cfg) {
+    cJSON_Delete(cfg->root);
+    memset(cfg, 0, sizeof *cfg);
+}
+
+/* The first pattern key (in file order) matching the module, as PEFT does. */
+static int pattern_find(const cJSON *patterns, const char *module, const char *label,
+                        const char *what, const cJSON **found, lp_error *err) {
+    *found = NULL;
+    if (!patterns) return 0;
+    const cJSON *it;
+    cJSON_ArrayForEach(it, patterns) {
+        if (!it->string) continue;
+        int r = !strcmp(it->string, module) ? 1 : regex_match(it->string, module, true);
+        if (r < 0)
+            return lp_fail(err, "%s: %s key \"%s\" is not a usable regular expression", what,
+                           label, it->string);
+        if (r == 1) {
+            *found = it;
+            return 0;
+        }
+    }
+    return 0;
+}
+
+int lp_peft_module_params(const lp_peft_config *cfg, const char *module, const char *what,
+                          int *rank, float *alpha, lp_error *err) {
+    const cJSON *r, *a;
+    if (pattern_find(cfg->rank_pattern, module, "rank_pattern", what, &r, err) ||
+        pattern_find(cfg->alpha_pattern, module, "alpha_pattern", what, &a, err))
+        return -1;
+    *rank = r ? (int)r->valuedouble : cfg->r;
+    *alpha = a ? (float)a->valuedouble : cfg->alpha;
+    return 0;
+}
+
+/* ---- PEFT directory ------------------------------------------------------------------ */
+
+/* "base_model.model.model.layers.3.self_attn.q_proj.lora_A[.default].weight" */
+static bool parse_peft_name(const char *name, int *layer, lp_proj *proj, bool *is_b) {
+    const char *s = name;
+    if (!strncmp(s, "base_model.model.", 17)) s += 17;
+    if (strncmp(s, "model.layers.", 13) != 0) return false;
+    s += 13;
+    if (!parse_layer(&s, layer) || *s++ != '.') return false;
+    for (int p = 0; p < LP_PROJ_COUNT; p++) {
+        size_t n = strlen(proj_hf[p]);
+        if (strncmp(s, proj_hf[p], n) != 0 || s[n] != '.') continue;
+        const char *rest = s + n + 1;
+        if (strncmp(rest, "lora_A.", 7) && strncmp(rest, "lora_B.", 7)) return false;
+        *is_b = rest[5] == 'B';
+        rest += 7;
+        if (!strncmp(rest, "default.", 8)) rest += 8;
+        if (strcmp(rest, "weight") != 0) return false;
+        *proj = (lp_proj)p;
+        return true;
+    }
+    return false;
+}
+
+static int reject_peft_tensor(const char *path, const char *name, lp_error *err) {
+    if (strstr(name, "embed_tokens") || strstr(name, "lm_head"))
+        return lp_fail(err, "%s: tensor '%s': adapters on embed_tokens / lm_head are not "
+                       "supported", path, name);
+    if (strstr(name, "lora_magnitude_vector"))
+        return lp_fail(err, "%s: tensor '%s': DoRA magnitude vectors are not supported", path, name);
+    if (strstr(name, "lora_embedding_"))
+        return lp_fail(err, "%s: tensor '%s': embedding adapters are not supported", path, name);
+    if (strstr(name, ".bias"))
+        return lp_fail(err, "%s: tensor '%s': LoRA / trained biases are not supported", path, name);
+    return lp_fail(err, "%s: tensor '%s' is not a LoRA half of a supported module (model.layers"
+                   ".N.{self_attn.{q,k,v,o}_proj,mlp.{gate,up,down}_proj}.lora_{A,B}.weight)",
+                   path, name);
+}
+
+static int load_peft_pieces(const lp_safetensors *st, const char *path, piece_list *pl,
+                            lp_error *err) {
+    for (size_t i = 0; i < lp_safetensors_count(st); i++) {
+        const lp_st_tensor *t = lp_safetensors_at(st, i);
+        piece p = {0};
+        if (!parse_peft_name(t->name, &p.layer, &p.proj, &p.is_b))
+            return reject_peft_tensor(path, t->name, err);
+        copy_name(p.t.name, sizeof p.t.name, t->name, strlen(t->name));
+        switch (t->dtype) {
+        case LP_ST_F32: p.t.dtype = LP_F32; break;
+        case LP_ST_F16: p.t.dtype = LP_F16; break;
+        case LP_ST_BF16: p.t.dtype = LP_BF16; break;
+        default:
+            return lp_fail(err, "%s: tensor '%s' has dtype %s (F32, F16, BF16 are supported)",
+                           path, t->name, lp_st_dtype_name(t->dtype));
+        }
+        if (t->n_dims != 2)
+            return lp_fail(err, "%s: tensor '%s' has %u dimensions, expected 2", path, t->name,
+                           t->n_dims);
+        p.t.rows = t->shape[0];
+        p.t.cols = t->shape[1];
+        p.t.data = t->data;
+        if (push_piece(pl, &p, err)) return -1;
+    }
+    return 0;
+}
+
+static bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0 && S_ISREG(st.st_mode);
+}
+
+static lp_adapter *load_peft(const lp_model *m, const char *dir, float scale, lp_error *err) {
+    char cfg_path[1200], st_path[1200];
+    snprintf(cfg_path, sizeof cfg_path, "%s/adapter_config.json", dir);
+    snprintf(st_path, sizeof st_path, "%s/adapter_model.safetensors", dir);
+    if (!file_exists(cfg_path)) {
+        lp_fail(err, "%s: no adapter_config.json: not a PEFT adapter directory", dir);
+        return NULL;
+    }
+    if (!file_exists(st_path)) {
+        char bin[1200];
+        snprintf(bin, sizeof bin, "%s/adapter_model.bin", dir);
+        lp_fail(err, "%s: no adapter_model.safetensors%s", dir,
+                file_exists(bin) ? " (adapter_model.bin is a pickle: convert it to safetensors)" : "");
+        return NULL;
+    }
+    char *text;
+    size_t len;
+    if (lp_read_file(cfg_path, &text, &len, 64u << 20, err)) return NULL;
+    lp_peft_config cfg;
+    int rc = lp_peft_config_parse(text, len, cfg_path, &cfg, err);
+    free(text);
+    if (rc) return NULL;
+    lp_safetensors *st = lp_safetensors_open(st_path, err);
+    lp_adapter *a = NULL;
+    piece_list pl = {0};
+    if (st && load_peft_pieces(st, st_path, &pl, err) == 0) {
+        if (pl.n == 0) lp_fail(err, "%s: the adapter has no LoRA tensors", st_path);
+        else a = adapter_new(m, layers_for(m, &pl), err);
+    }
+    if (a) {
+        a->format = "peft";
+        snprintf(a->name, sizeof a->name, "%s", basename_of(dir));
+        snprintf(a->base_name, sizeof a->base_name, "%s", cfg.base_name);
+        scale_rule rule = {.user_scale = scale, .peft = &cfg};
+        /* PEFT weights are in Hugging Face row order */
+        if (build_pairs(a, &pl, &rule, false, st_path, err)) {
+            lp_adapter_free(a);
+            a = NULL;
+        } else {
+            finish_totals(a);
+        }
+    }
+    free(pl.items);
+    lp_safetensors_close(st);
+    lp_peft_config_free(&cfg);
+    return a;
+}
+
+/* ---- .lpa --------------------------------------------------------------------------- */
+
+static int check_lpa_data(const lp_lpa_entry *e, const char *what, lp_error *err) {
+    const uint8_t *halves[2] = {e->a, e->b};
+    size_t counts[2] = {(size_t)e->rank * e->in, (size_t)e->rank * e->out};
+    for (int h = 0; h < 2; h++)
+        for (size_t i = 0; i < counts[h]; i++)
+            if (!isfinite(read_elem(e->dtype, halves[h], i)))
+                return lp_fail(err, "%s: layer %u %s lora_%c has a non-finite value", what,
+                               e->layer, proj_short[e->proj], h ? 'B' : 'A');
+    return 0;
+}
+
+static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t size,
+                                    const char *what, float scale, lp_error *err) {
+    lp_lpa_base want;
+    if (m) want = lpa_base_of(m);
+    lp_lpa lpa;
+    if (lp_lpa_parse(data, size, m ? &want : NULL, what, &lpa, err)) return NULL;
+    lp_adapter *a = adapter_new(m, (int)lpa.base.n_layers, err);
+    for (uint32_t i = 0; a && i < lpa.n_entries; i++) {
+        const lp_lpa_entry *e = &lpa.entries[i];
+        float s = e->scale * scale;
+        if (!isfinite(s) || check_lpa_data(e, what, err)) {
+            if (!isfinite(s)) lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer,
+                                      proj_short[e->proj]);
+            lp_adapter_free(a);
+            a = NULL;
+            break;
+        }
+        lp_lora_pair *p = lp_adapter_pair(a, (int)e->layer, (lp_proj)e->proj);
+        size_t esz = e->dtype == LP_F16 ? 2 : 4;
+        p->rank = (int)e->rank;
+        p->scale = s;
+        p->A = (lp_weight){.type = e->dtype, .rows = e->rank, .cols = (int64_t)e->in,
+                           .row_bytes = esz * e->in, .data = e->a};
+        p->B = (lp_weight){.type = e->dtype, .rows = (int64_t)e->out, .cols = e->rank,
+                           .row_bytes = esz * e->rank, .data = e->b};
+    }
+    if (a) {
+        a->format = "lpa";
+        snprintf(a->name, sizeof a->name, "%s", lpa.name);
+        snprintf(a->base_name, sizeof a->base_name, "%s", lpa.base_name);
+        finish_totals(a);
+    }
+    lp_lpa_release(&lpa);
+    return a;
+}
+
+static uint64_t adapter_tag(const lp_adapter *a);
+
+lp_adapter *lp_adapter_load_lpa_memory(const lp_model *m, const void *data, size_t size,
+                                       const char *what, float scale, lp_error *err) {
+    lp_adapter *a = adapter_from_lpa(m, data, size, what, scale, err);
+    if (a) a->tag = adapter_tag(a);
+    return a;
+}
+
+static lp_adapter *load_lpa(const lp_model *m, const char *path, float scale, lp_error *err) {
+    lp_mapped_file f;
+    if (lp_map_file(path, &f, err)) return NULL;
+    lp_adapter *a = adapter_from_lpa(m, f.data, f.size, path, scale, err);
+    if (!a) {
+        lp_unmap_file(&f);
+        return NULL;
+    }
+    a->file = f;   /* the pairs point into the mapping */
+    return a;
+}
+
+/* ---- dispatch -------------------------------------------------------------------------- */
+
+static lp_adapter *load_any(const lp_model *m, const char *path, float scale, lp_error *err) {
+    if (!isfinite(scale)) {
+        lp_fail(err, "%s: adapter scale must be finite", path);
+        return NULL;
+    }
+    struct stat st;
+    if (stat(path, &st) != 0) {
+        lp_fail(err, "%s: no such file or directory", path);
+        return NULL;
+    }
+    if (S_ISDIR(st.st_mode)) return load_peft(m, path, scale, err);
+    char magic[4] = {0};
+    FILE *f = fopen(path, "rb");
+    size_t got = f ? fread(magic, 1, 4, f) : 0;
+    if (f) fclose(f);
+    if (!f) {
+        lp_fail(err, "%s: cannot open", path);
+        return NULL;
+    }
+    if (got == 4 && !memcmp(magic, "GGUF", 4)) return load_gguf(m, path, scale, err);
+    if (got == 4 && !memcmp(magic, LP_LPA_MAGIC, 4)) return load_lpa(m, path, scale, err);
+    lp_fail(err, "%s: not an adapter (expected an .lpa file, a GGUF LoRA or a PEFT directory)", path);
+    return NULL;
+}
+
+/* A hash of the adapter's shapes, scales and sampled weight bytes: the tag
+ * that KV entries computed with it carry. */
+static uint64_t adapter_tag(const lp_adapter *a) {
+    /* FNV-1a over the adapter's shapes, scales and sampled weight bytes. */
+    uint64_t h = 0xcbf29ce484222325ULL;
+#define MIX(ptr, len) for (size_t i_ = 0; i_ < (size_t)(len); i_++) { h ^= ((const uint8_t *)(ptr))[i_]; h *= 0x100000001b3ULL; }
+    for (int l = 0; l < a->n_layers; l++)
+        for (int p = 0; p < LP_PROJ_COUNT; p++) {
+            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
+            MIX(&pr->rank, sizeof pr->rank);
+            MIX(&pr->scale, sizeof pr->scale);
+            if (!pr->rank) continue;
+            size_t na = pr->A.row_bytes * (size_t)pr->A.rows, nb = pr->B.row_bytes * (size_t)pr->B.rows;
+            MIX(pr->A.data, na < 64 ? na : 64);
+            MIX((const uint8_t *)pr->A.data + na - (na < 64 ? na : 64), na < 64 ? na : 64);
+            MIX(pr->B.data, nb < 64 ? nb : 64);
+            MIX((const uint8_t *)pr->B.data + nb - (nb < 64 ? nb : 64), nb < 64 ? nb : 64);
+        }
+#undef MIX
+    return h ? h : 1;
+}
+
+lp_adapter *lp_adapter_load(const lp_model *model, const char *path, float scale, lp_error *err) {
+    if (!model) {
+        lp_fail(err, "%s: an adapter needs a base model", path);
+        return NULL;
+    }
+    lp_adapter *a = load_any(model, path, scale, err);
+    if (a) a->tag = adapter_tag(a);
+    return a;
+}
+
+lp_adapter *lp_adapter_inspect(const char *path, lp_error *err) {
+    return load_any(NULL, path, 1.0f, err);
+}
+
+/* ---- writing .lpa ------------------------------------------------------------------------ */
+
+/* A pair half as `type` (F32/F16): the data itself or a converted copy. */
+static const void *as_type(const lp_weight *w, uint32_t type, void **tmp, const char *what,
+                           lp_error *err) {
+    *tmp = NULL;
+    if (w->type == type) return w->data;
+    size_t n = (size_t)w->rows * (size_t)w->cols;
+    uint8_t *buf = lp_alloc(n * (type == LP_F16 ? 2 : 4));
+    if (!buf) {
+        lp_fail(err, "out of memory");
+        return NULL;
+    }
+    for (size_t i = 0; i < n; i++) {
+        float v = read_elem(w->type, w->data, i);
+        if (type == LP_F32) {
+            memcpy(buf + 4 * i, &v, 4);
+        } else {
+            uint16_t h = lp_f32_to_f16(v);
+            if (!isfinite(lp_f16_to_f32(h))) {
+                lp_free(buf);
+                lp_fail(err, "%s: value %g does not fit in F16", what, (double)v);
+                return NULL;
+            }
+            memcpy(buf + 2 * i, &h, 2);
+        }
+    }
+    *tmp = buf;
+    return buf;
+}
+
+int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err) {
+    if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
+    if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16)
+        return lp_fail(err, "%s: .lpa data must be F32 or F16", path);
+    size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
+    lp_lpa_entry *es = calloc(n_slots ? n_slots : 1, sizeof *es);
+    void **tmps = calloc(n_slots * 2 + 1, sizeof *tmps);
+    int rc = es && tmps ? 0 : lp_fail(err, "out of memory");
+    uint32_t n = 0;
+    for (size_t s = 0; s < n_slots && rc == 0; s++) {
+        const lp_lora_pair *p = &a->pairs[s];
+        if (p->rank == 0) continue;
+        uint32_t type = dtype == -1 ? p->A.type : (uint32_t)dtype;
+        lp_lpa_entry *e = &es[n++];
+        e->layer = (uint32_t)(s / LP_PROJ_COUNT);
+        e->proj = (uint32_t)(s % LP_PROJ_COUNT);
+        e->rank = (uint32_t)p->rank;
+        e->dtype = type;
+        e->scale = p->scale;
+        e->a = as_type(&p->A, type, &tmps[2 * s], path, err);
+        e->b = e->a ? as_type(&p->B, type, &tmps[2 * s + 1], path, err) : NULL;
+        if (!e->a || !e->b) rc = -1;
+    }
+    if (rc == 0) {
+        lp_lpa_base base = lpa_base_of(a->base);
+        rc = lp_lpa_write(path, &base, a->name, a->base_name, es, n, err);
+    }
+    for (size_t i = 0; tmps && i < n_slots * 2; i++) lp_free(tmps[i]);
+    free(tmps);
+    free(es);
+    return rc;
+}
+
+/* ---- merging ------------------------------------------------------------------------------ */
+
+/* "blk.N.<proj>.weight" -> layer, proj. */
+static bool parse_base_name(const char *name, int *layer, lp_proj *proj) {
+    if (strncmp(name, "blk.", 4) != 0) return false;
+    const char *s = name + 4;
+    if (!parse_layer(&s, layer) || *s++ != '.') return false;
+    for (int p = 0; p < LP_PROJ_COUNT; p++) {
+        size_t n = strlen(proj_gguf[p]);
+        if (!strncmp(s, proj_gguf[p], n) && !strcmp(s + n, ".weight")) {
+            *proj = (lp_proj)p;
+            return true;
+        }
+    }
+    return false;
+}
+
+static float *to_f32(const lp_weight *w) {
+    float *out = lp_alloc((size_t)w->rows * (size_t)w->cols * sizeof(float));
+    if (!out) return NULL;
+    for (int64_t r = 0; r < w->rows; r++) lp_weight_dequantize_row(w, r, out + r * w->cols);
+    return out;
+}
+
+/* W += scale * B A, with delta = B A accumulated first (as llama.cpp does). */
+static int add_low_rank(float *W, const lp_lora_pair *p, int64_t rows, int64_t cols) {
+    float *A = to_f32(&p->A), *B = to_f32(&p->B), *delta = lp_alloc((size_t)cols * sizeof(float));
+    int rc = A && B && delta ? 0 : -1;
+    for (int64_t r = 0; r < rows && rc == 0; r++) {
+        memset(delta, 0, (size_t)cols * sizeof(float));
+        for (int k = 0; k < p->rank; k++) {
+            float b = B[r * p->rank + k];
+            const float *arow = A + (int64_t)k * cols;
+            for (int64_t c = 0; c < cols; c++) delta[c] += b * arow[c];
+        }
+        for (int64_t c = 0; c < cols; c++) W[r * cols + c] += p->scale * delta[c];
+    }
+    lp_free(A);
+    lp_free(B);
+    lp_free(delta);
+    return rc;
+}
+
+int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, int n,
+                     const char *out_path, lp_error *err) {
+    if (!base->gguf)
+        return lp_fail(err, "%s: merging needs a GGUF base (this base is %s)", base->path,
+                       base->format);
+    for (int i = 0; i < n; i++)
+        if (adapters[i]->base != base)
+            return lp_fail(err, "adapter '%s' was not loaded for this base", adapters[i]->name);
+    const lp_gguf *g = base->gguf;
+    lp_gguf_writer *w = lp_gguf_writer_create();
+    if (!w) return lp_fail(err, "out of memory");
+    for (size_t i = 0; i < lp_gguf_kv_count(g); i++) {
+        const lp_gguf_kv *kv = lp_gguf_kv_at(g, i);
+        if (lp_str_eq(kv->key, "general.file_type")) continue; /* types change */
+        lp_gguf_writer_copy_kv(w, kv);
+    }
+    int rc = 0;
+    for (size_t i = 0; i < lp_gguf_tensor_count(g) && rc == 0; i++) {
+        const lp_gguf_tensor *t = lp_gguf_tensor_at(g, i);
+        char name[192];
+        copy_name(name, sizeof name, t->name.ptr, t->name.len);
+        int layer;
+        lp_proj proj;
+        bool adapted = false;
+        if (parse_base_name(name, &layer, &proj) && layer < base->hp.n_layers)
+            for (int k = 0; k < n; k++)
+                if (lp_adapter_pair(adapters[k], layer, proj)->rank > 0) adapted = true;
+        if (!adapted) {
+            lp_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->dims, t->data, t->n_bytes);
+            continue;
+        }
+        const lp_weight *bw = base_weight(base, layer, proj);
+        float *W = to_f32(bw);
+        if (!W) rc = lp_fail(err, "out of memory merging %s", name);
+        for (int k = 0; k < n && rc == 0; k++) {
+            const lp_lora_pair *p = lp_adapter_pair(adapters[k], layer, proj);
+            if (p->rank > 0 && add_low_rank(W, p, bw->rows, bw->cols))
+                rc = lp_fail(err, "out of memory merging %s", name);
+        }
+        if (rc == 0) {
+            uint64_t dims[2] = {(uint64_t)bw->cols, (uint64_t)bw->rows};
+            lp_gguf_writer_add_tensor_copy(w, name, LP_F32, 2, dims, W,
+                                           (size_t)bw->rows * (size_t)bw->cols * sizeof(float));
+        }
+        lp_free(W);
+    }
+    if (rc == 0) rc = lp_gguf_writer_write(w, out_path, err);
+    lp_gguf_writer_free(w);
+    return rc;
+}
