@@ -1038,7 +1038,9 @@ static bool parse_base_name(const char *name, int *layer, lp_proj *proj) {
 static float *to_f32(const lp_weight *w) {
     float *out = lp_alloc((size_t)w->rows * (size_t)w->cols * sizeof(float));
     if (!out) return NULL;
-    for (int64_t r = 0; r < w->rows; r++) lp_weight_dequantize_row(w, r, out + r * w->cols);
+    for (int64_t r = 0; r < w->rows; r++)
+        lp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
+                          out + r * w->cols, w->cols);
     return out;
 }
 
