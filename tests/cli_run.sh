@@ -50,6 +50,31 @@ for arch in llama qwen2 qwen3; do
   "$bin" info "$work/$arch.gguf" | grep -q "architecture:  $arch" && ok || bad "info synth $arch"
 done
 
+# adapters: the GGUF LoRA at run time gives the merged model's greedy text
+a=$("$bin" run -m "$models/stories260K.gguf" --adapter "$models/stories260K-lora-r4-random-f32.gguf" -p "Once upon a time" -n 40 --temp 0 2>"$work/err")
+b=$("$bin" run -m "$models/stories260K-lora-r4-merged.gguf" -p "Once upon a time" -n 40 --temp 0 2>/dev/null)
+[ -n "$a" ] && [ "$a" = "$b" ] && ok || bad "--adapter vs merged: '$a' vs '$b' $(cat "$work/err")"
+"$bin" adapter compile "$models/stories260K-lora-r4-random-f32.gguf" --base "$models/stories260K.gguf" -o "$work/a.lpa" 2>"$work/err" && ok || bad "adapter compile: $(cat "$work/err")"
+c=$("$bin" run -m "$models/stories260K.gguf" --adapter "$work/a.lpa" -p "Once upon a time" -n 40 --temp 0 2>/dev/null)
+[ "$c" = "$b" ] && ok || bad ".lpa run differs: '$c'"
+"$bin" adapter merge --base "$models/stories260K.gguf" --adapter "$work/a.lpa" -o "$work/merged.gguf" 2>"$work/err" && ok || bad "adapter merge: $(cat "$work/err")"
+d=$("$bin" run -m "$work/merged.gguf" -p "Once upon a time" -n 40 --temp 0 2>/dev/null)
+[ "$d" = "$b" ] && ok || bad "our merge differs: '$d'"
+"$bin" adapter info "$work/a.lpa" | grep -qi "rank" && ok || bad "adapter info"
+
+# concurrent streams: JSON lines, one done record per stream; stream 0 of a
+# greedy seed-top run is the plain greedy continuation
+out=$("$bin" run -m "$models/stories260K.gguf" -p "Once upon a time" -n 20 --temp 0 --streams 4 --seed-top --json 2>"$work/err")
+[ "$(echo "$out" | grep -c '"done":true')" = 4 ] && ok || bad "--streams --json: $out $(cat "$work/err")"
+out=$("$bin" run -m "$models/stories260K.gguf" -p "Once upon a time" -n 20 --temp 0 --streams 3 --seed-top 2>/dev/null)
+echo "$out" | grep -q "=== stream 2 ===" && ok || bad "--streams text: $out"
+one=$("$bin" run -m "$models/stories260K.gguf" -p "Once upon a time" -n 20 --temp 0 2>/dev/null)
+s0=$(echo "$out" | sed -n '/=== stream 0 ===/{n;p}')
+[ "$s0" = "$one" ] && ok || bad "stream 0 '$s0' vs plain '$one'"
+out=$("$bin" run -m "$models/stories260K.gguf" -p "Once upon a time" -n 20 --temp 0 --streams 2 \
+  --adapters "$work/a.lpa,$work/a.lpa:0.5" --suffixes " there|, the" 2>"$work/err")
+echo "$out" | grep -q "=== stream 1 (adapter" && ok || bad "--adapters/--suffixes: $out $(cat "$work/err")"
+
 # failures: message on stderr, nothing on stdout, non-zero exit
 out=$("$bin" run -m "$work/missing.gguf" -p hi 2>"$work/err"); rc=$?
 [ $rc -ne 0 ] && [ -z "$out" ] && grep -q "missing.gguf" "$work/err" && ok || bad "missing model: rc=$rc"

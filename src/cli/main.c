@@ -19,6 +19,8 @@ static void usage(FILE *out) {
             "  info      describe a model file                (loraplex info MODEL)\n"
             "  tokenize  print the tokens of a text           (loraplex tokenize MODEL TEXT)\n"
             "  adapter   inspect, compile or merge LoRA adapters (loraplex adapter info PATH)\n"
+            "  world     write the demo world: corpus, tasks, vocabulary (loraplex world --out DIR)\n"
+            "  eval-tasks  exact match and chrF per task, f32 vs quantized  (see --help)\n"
             "  synth     write a random model of a real shape (loraplex synth --preset NAME -o OUT)\n"
             "\nrun 'loraplex COMMAND --help' for a command's options.\n",
             LORAPLEX_VERSION);
@@ -41,6 +43,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "demo")) return cli_demo(argc - 1, argv + 1);
     if (!strcmp(cmd, "run")) return cli_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "adapter")) return cli_adapter(argc - 1, argv + 1);
+    if (!strcmp(cmd, "world")) return cli_world(argc - 1, argv + 1);
+    if (!strcmp(cmd, "eval-tasks")) return cli_eval_tasks(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return cli_synth(argc - 1, argv + 1);

@@ -1,0 +1,634 @@
+/* loraplex world: writes the demo world's corpus (src/world).
+ * loraplex eval-tasks: scores a model and its task adapters on the world's
+ * eval files (exact match and chrF, per task and language), for a
+ * full-precision model and optionally a quantized one side by side. */
+#include <cjson/cJSON.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/base.h"
+#include "../world/world.h"
+#include "cli.h"
+
+/* ---- loraplex world ------------------------------------------------------- */
+
+static void world_usage(FILE *out) {
+    fprintf(out,
+            "usage: loraplex world --out DIR [options]\n"
+            "Writes DIR/pretrain.txt, DIR/tasks/<task>.{train,eval}.jsonl, DIR/vocab.gguf\n"
+            "and DIR/README.md, deterministically from the seed.\n"
+            "options:\n"
+            "  --seed S        random seed (default 1)\n"
+            "  --stories N     pretraining documents (default 40000)\n"
+            "  --per-task N    train records per task (default 3000)\n"
+            "  --eval N        eval records per task (default 300)\n"
+            "  --eval-percent P share of meanings reserved for eval (default 10)\n"
+            "  --vocab N       BPE vocabulary size incl. 3 specials (default 768)\n");
+}
+
+int cli_world(int argc, char **argv) {
+    lp_world_params p = lp_world_default_params();
+    const char *out = NULL;
+    char command[1024];
+    size_t o = (size_t)snprintf(command, sizeof command, "loraplex world");
+    for (int i = 1; i < argc && o < sizeof command; i++)
+        o += (size_t)snprintf(command + o, sizeof command - o, " %s", argv[i]);
+    p.command = command;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            world_usage(stdout);
+            return 0;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(a, "--out") || !strcmp(a, "-o")) {
+            out = v;
+        } else if (!strcmp(a, "--seed")) {
+            if (!cli_int(a, v, 0, (1L << 62), &n)) return 2;
+            p.seed = (uint64_t)n;
+        } else if (!strcmp(a, "--stories")) {
+            if (!cli_int(a, v, 0, 10000000, &n)) return 2;
+            p.stories = (int)n;
+        } else if (!strcmp(a, "--per-task")) {
+            if (!cli_int(a, v, 1, 1000000, &n)) return 2;
+            p.per_task = (int)n;
+        } else if (!strcmp(a, "--eval")) {
+            if (!cli_int(a, v, 1, 100000, &n)) return 2;
+            p.eval_per_task = (int)n;
+        } else if (!strcmp(a, "--eval-percent")) {
+            if (!cli_int(a, v, 1, 50, &n)) return 2;
+            p.eval_percent = (int)n;
+        } else if (!strcmp(a, "--vocab")) {
+            if (!cli_int(a, v, 259, 4096, &n)) return 2;
+            p.vocab_size = (int)n;
+        } else {
+            fprintf(stderr, "loraplex world: unknown option '%s'\n", a);
+            world_usage(stderr);
+            return 2;
+        }
+    }
+    if (!out) {
+        world_usage(stderr);
+        return 2;
+    }
+    lp_error err;
+    lp_world_stats st;
+    if (lp_world_generate(out, &p, &st, &err) != 0) return cli_fail("world", &err);
+    fprintf(stderr,
+            "world: %s (seed %llu)\n"
+            "  pretrain.txt  %zu lines, %.2f MB\n"
+            "  tasks/        %d tasks, %zu train + %zu eval records\n"
+            "  vocab.gguf    %d tokens\n"
+            "  time          %.2f s text, %.2f s BPE\n",
+            out, (unsigned long long)p.seed, st.pretrain_lines, st.pretrain_bytes / 1e6,
+            LP_WORLD_N_TASKS, st.task_train_records, st.task_eval_records, st.vocab_size,
+            st.seconds_text, st.seconds_bpe);
+    return 0;
+}
+
+/* ---- loraplex eval-tasks ------------------------------------------------------ */
+
+typedef struct eval_record {
+    char lang[16];
+    char *prompt, *completion;
+} eval_record;
+
+/* Scores of one (task, language, adapter) group for one model. */
+typedef struct eval_score {
+    int n, exact;
+    double chrf;
+} eval_score;
+
+typedef struct eval_group {
+    char task[32], lang[16], adapter[64];
+    eval_score score[2]; /* full precision, quantized */
+} eval_group;
+
+typedef struct eval_opts {
+    const char *model_path[2];
+    const char *data_dir;
+    char *adapter_spec;      /* name=PATH,name=PATH */
+    int n_adapters;
+    char *adapter_name[32], *adapter_path[32];
+    int max_records, threads, batch, max_new;
+    bool base, json;
+    const char *only_tasks;  /* comma-separated, NULL = all */
+} eval_opts;
+
+static void eval_usage(FILE *out) {
+    fprintf(out,
+            "usage: loraplex eval-tasks -m MODEL [--quantized MODEL_Q]\n"
+            "                           [--adapters NAME=PATH,...] --data DIR/tasks [options]\n"
+            "Greedy-decodes every record of DIR/tasks/<task>.eval.jsonl with the adapter\n"
+            "named after the task (else after its family, e.g. 'style' for style-formal;\n"
+            "else the base alone) and reports exact match and chrF per task and language,\n"
+            "for MODEL and MODEL_Q side by side with their ratio.\n"
+            "options:\n"
+            "  --base          also score every task with the base alone\n"
+            "  --tasks A,B     only these tasks\n"
+            "  --max N         at most N records per task (default all)\n"
+            "  --batch N       sequences decoded together (default 16)\n"
+            "  --max-new N     generated tokens per record at most (default 96)\n"
+            "  -t N            threads (default: all cores)\n"
+            "  --json          JSON on stdout instead of a table\n");
+}
+
+static char *trim(char *s) {
+    while (*s == ' ' || *s == '\t' || *s == '\r' || *s == '\n') s++;
+    size_t n = strlen(s);
+    while (n && (s[n - 1] == ' ' || s[n - 1] == '\t' || s[n - 1] == '\r' || s[n - 1] == '\n'))
+        s[--n] = '\0';
+    return s;
+}
+
+static void free_records(eval_record *rs, int n) {
+    for (int i = 0; i < n; i++) {
+        free(rs[i].prompt);
+        free(rs[i].completion);
+    }
+    free(rs);
+}
+
+/* Reads up to max records (0 = all) of a task's eval JSONL. Returns the
+ * count, 0 if the file does not exist, -1 on error. */
+static int read_eval(const char *path, int max, eval_record **out, lp_error *err) {
+    FILE *probe = fopen(path, "r");
+    if (!probe) return 0;
+    fclose(probe);
+    char *data = NULL;
+    size_t size = 0;
+    if (lp_read_file(path, &data, &size, (size_t)1 << 30, err) != 0) return -1;
+    int n = 0, cap = 0, line_no = 0;
+    eval_record *rs = NULL;
+    char *save = NULL;
+    for (char *line = strtok_r(data, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+        line_no++;
+        if (max > 0 && n >= max) break;
+        cJSON *j = cJSON_Parse(line);
+        const cJSON *prompt = cJSON_GetObjectItemCaseSensitive(j, "prompt");
+        const cJSON *completion = cJSON_GetObjectItemCaseSensitive(j, "completion");
+        const cJSON *lang = cJSON_GetObjectItemCaseSensitive(j, "lang");
+        if (!cJSON_IsString(prompt) || !cJSON_IsString(completion)) {
+            cJSON_Delete(j);
+            free(data);
+            free_records(rs, n);
+            return lp_fail(err, "%s:%d: not a {\"prompt\", \"completion\"} record", path, line_no);
+        }
+        if (n == cap) {
+            cap = cap ? cap * 2 : 256;
+            eval_record *grown = realloc(rs, (size_t)cap * sizeof *rs);
+            if (!grown) {
+                cJSON_Delete(j);
+                free(data);
+                free_records(rs, n);
+                return lp_fail(err, "%s: out of memory", path);
+            }
+            rs = grown;
+        }
+        eval_record *r = &rs[n++];
+        snprintf(r->lang, sizeof r->lang, "%s", cJSON_IsString(lang) ? lang->valuestring : "-");
+        r->prompt = strdup(prompt->valuestring);
+        r->completion = strdup(completion->valuestring);
+        cJSON_Delete(j);
+        if (!r->prompt || !r->completion) {
+            free(data);
+            free_records(rs, n);
+            return lp_fail(err, "%s: out of memory", path);
+        }
+    }
+    free(data);
+    *out = rs;
+    return n;
+}
+
+/* Adapter slot for a task: exact name, else the family before '-', else 0. */
+static int adapter_for(const eval_opts *o, const char *task) {
+    for (int i = 0; i < o->n_adapters; i++)
+        if (!strcmp(o->adapter_name[i], task)) return i + 1;
+    const char *dash = strchr(task, '-');
+    size_t fam = dash ? (size_t)(dash - task) : strlen(task);
+    for (int i = 0; i < o->n_adapters; i++)
+        if (strlen(o->adapter_name[i]) == fam && !strncmp(o->adapter_name[i], task, fam))
+            return i + 1;
+    return 0;
+}
+
+/* ---- batched greedy decoding ------------------------------------------------------ */
+
+typedef struct seq_state {
+    int32_t *tokens;   /* prompt then generated */
+    int n_prompt, n, cap, prefilled;
+    bool done;
+    char text[1024];
+    size_t text_len;
+} seq_state;
+
+static int32_t argmax(const float *v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+/* Appends a generated token; finishes the sequence at end of generation, a
+ * newline, or the length limit. */
+static void accept_token(const lp_model *model, seq_state *s, int32_t tok, int max_new) {
+    if (lp_token_is_eog(model, tok)) {
+        s->done = true;
+        return;
+    }
+    s->tokens[s->n++] = tok;
+    char piece[64];
+    size_t k = lp_token_to_piece(model, tok, piece, sizeof piece);
+    if (k > sizeof piece) k = sizeof piece;
+    if (s->text_len + k < sizeof s->text) {
+        memcpy(s->text + s->text_len, piece, k);
+        s->text_len += k;
+        s->text[s->text_len] = '\0';
+    }
+    if (memchr(piece, '\n', k) || s->n - s->n_prompt >= max_new || s->n >= s->cap)
+        s->done = true;
+}
+
+/* Decodes records [0, n) (n <= batch) in sequences 0..n-1 with adapter slot
+ * `slot`; leaves each output (cut at the first newline) in ss[i].text. */
+static int decode_batch(lp_context *ctx, const lp_model *model, const eval_record *rs, int n,
+                        int slot, int max_new, int max_rows, int max_seq_len, seq_state *ss,
+                        lp_row *rows, lp_error *err) {
+    int n_vocab;
+    lp_model_info info;
+    lp_model_get_info(model, &info);
+    n_vocab = info.n_vocab;
+    for (int i = 0; i < n; i++) {
+        seq_state *s = &ss[i];
+        lp_seq_clear(ctx, i);
+        s->n = s->prefilled = 0;
+        s->done = false;
+        s->text_len = 0;
+        s->text[0] = '\0';
+        int k = lp_tokenize(model, rs[i].prompt, strlen(rs[i].prompt), lp_model_add_bos(model),
+                            false, s->tokens, s->cap, err);
+        if (k < 0) return -1;
+        if (k + max_new > max_seq_len || k > s->cap) {
+            s->done = true; /* too long: scored as a miss */
+            s->n_prompt = 0;
+            continue;
+        }
+        s->n_prompt = s->n = k;
+    }
+    /* prefill: chains of rows, as many sequences per forward as fit */
+    for (;;) {
+        int nr = 0;
+        for (int i = 0; i < n && nr < max_rows; i++) {
+            seq_state *s = &ss[i];
+            if (s->done) continue;
+            int first = nr;
+            while (s->prefilled < s->n_prompt && nr < max_rows) {
+                lp_row r = {0};
+                r.token = s->tokens[s->prefilled];
+                r.pos = s->prefilled;
+                r.seq = i;
+                r.adapter = slot;
+                r.parent = nr > first ? nr - 1 : -1;
+                r.logits = s->prefilled == s->n_prompt - 1;
+                r.commit = true;
+                rows[nr++] = r;
+                s->prefilled++;
+            }
+        }
+        if (nr == 0) break;
+        if (lp_forward(ctx, rows, nr, err) != 0) return -1;
+        for (int r = 0; r < nr; r++)
+            if (rows[r].logits) {
+                const float *lg = lp_logits(ctx, r);
+                if (lg) accept_token(model, &ss[rows[r].seq], argmax(lg, n_vocab), max_new);
+            }
+    }
+    /* decode: one row per unfinished sequence */
+    for (;;) {
+        int nr = 0;
+        for (int i = 0; i < n; i++) {
+            seq_state *s = &ss[i];
+            if (s->done) continue;
+            lp_row r = {0};
+            r.token = s->tokens[s->n - 1];
+            r.pos = s->n - 1;
+            r.seq = i;
+            r.adapter = slot;
+            r.parent = -1;
+            r.logits = true;
+            r.commit = true;
+            rows[nr++] = r;
+        }
+        if (nr == 0) break;
+        if (lp_forward(ctx, rows, nr, err) != 0) return -1;
+        for (int r = 0; r < nr; r++) {
+            const float *lg = lp_logits(ctx, r);
+            if (lg) accept_token(model, &ss[rows[r].seq], argmax(lg, n_vocab), max_new);
+            else ss[rows[r].seq].done = true;
+        }
+    }
+    for (int i = 0; i < n; i++) {
+        char *nl = strchr(ss[i].text, '\n');
+        if (nl) *nl = '\0';
+    }
+    return 0;
+}
+
+/* ---- groups and reporting ---------------------------------------------------------- */
+
+typedef struct group_list {
+    eval_group *g;
+    int n, cap;
+} group_list;
+
+static eval_group *group_get(group_list *gl, const char *task, const char *lang,
+                             const char *adapter) {
+    for (int i = 0; i < gl->n; i++)
+        if (!strcmp(gl->g[i].task, task) && !strcmp(gl->g[i].lang, lang) &&
+            !strcmp(gl->g[i].adapter, adapter))
+            return &gl->g[i];
+    if (gl->n == gl->cap) {
+        int cap = gl->cap ? gl->cap * 2 : 64;
+        eval_group *g = realloc(gl->g, (size_t)cap * sizeof *g);
+        if (!g) return NULL;
+        gl->g = g;
+        gl->cap = cap;
+    }
+    eval_group *g = &gl->g[gl->n++];
+    memset(g, 0, sizeof *g);
+    snprintf(g->task, sizeof g->task, "%s", task);
+    snprintf(g->lang, sizeof g->lang, "%s", lang);
+    snprintf(g->adapter, sizeof g->adapter, "%s", adapter);
+    return g;
+}
+
+/* Scores every task (with its adapter, and with the base if asked) on one
+ * model, adding to the groups' score[which]. */
+static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *err) {
+    const char *path = o->model_path[which];
+    lp_model *model = lp_model_load(path, NULL, err);
+    if (!model) return -1;
+    lp_adapter *adapters[32] = {0};
+    lp_context *ctx = NULL;
+    seq_state *ss = NULL;
+    lp_row *rows = NULL;
+    int rc = -1;
+    int max_seq_len = 512, max_rows = 512;
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = o->threads;
+    cp.max_rows = max_rows;
+    cp.max_sequences = o->batch;
+    cp.max_logit_rows = o->batch > 64 ? o->batch : 64;
+    cp.max_seq_len = max_seq_len;
+    cp.n_ctx = o->batch * max_seq_len;
+    cp.max_adapters = o->n_adapters > 0 ? o->n_adapters : 1;
+    ctx = lp_context_create(model, &cp, err);
+    if (!ctx) goto done;
+    for (int i = 0; i < o->n_adapters; i++) {
+        adapters[i] = lp_adapter_load(model, o->adapter_path[i], 1.0f, err);
+        if (!adapters[i]) {
+            lp_fail_prefix(err, "adapter '%s'", o->adapter_name[i]);
+            goto done;
+        }
+        if (lp_context_bind_adapter(ctx, i + 1, adapters[i], err) != 0) goto done;
+    }
+    ss = calloc((size_t)o->batch, sizeof *ss);
+    rows = calloc((size_t)max_rows, sizeof *rows);
+    if (!ss || !rows) {
+        lp_fail(err, "out of memory");
+        goto done;
+    }
+    for (int i = 0; i < o->batch; i++) {
+        ss[i].cap = max_seq_len;
+        ss[i].tokens = calloc((size_t)max_seq_len, sizeof(int32_t));
+        if (!ss[i].tokens) {
+            lp_fail(err, "out of memory");
+            goto done;
+        }
+    }
+    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
+        const char *task = lp_world_task_name(t);
+        if (o->only_tasks) {
+            const char *hit = strstr(o->only_tasks, task);
+            size_t tl = strlen(task);
+            if (!hit || (hit != o->only_tasks && hit[-1] != ',') || (hit[tl] && hit[tl] != ','))
+                continue;
+        }
+        char file[1024];
+        snprintf(file, sizeof file, "%s/%s.eval.jsonl", o->data_dir, task);
+        eval_record *rs = NULL;
+        int n = read_eval(file, o->max_records, &rs, err);
+        if (n < 0) goto done;
+        if (n == 0) continue;
+        int slots[2] = {adapter_for(o, task), 0};
+        int n_runs = o->base && slots[0] != 0 ? 2 : 1;
+        double t0 = lp_now_seconds();
+        for (int run = 0; run < n_runs; run++) {
+            int slot = slots[run];
+            const char *aname = slot ? o->adapter_name[slot - 1] : "base";
+            for (int start = 0; start < n; start += o->batch) {
+                int count = n - start < o->batch ? n - start : o->batch;
+                if (decode_batch(ctx, model, rs + start, count, slot, o->max_new, max_rows,
+                                 max_seq_len, ss, rows, err) != 0) {
+                    free_records(rs, n);
+                    goto done;
+                }
+                for (int i = 0; i < count; i++) {
+                    const eval_record *r = &rs[start + i];
+                    char ref[1024];
+                    snprintf(ref, sizeof ref, "%s", r->completion);
+                    char *hyp = trim(ss[i].text), *want = trim(ref);
+                    eval_group *gs[2] = {group_get(gl, task, r->lang, aname),
+                                         group_get(gl, task, "all", aname)};
+                    for (int k = 0; k < 2; k++) {
+                        if (!gs[k]) {
+                            free_records(rs, n);
+                            lp_fail(err, "out of memory");
+                            goto done;
+                        }
+                        eval_score *sc = &gs[k]->score[which];
+                        sc->n++;
+                        sc->exact += strcmp(hyp, want) == 0;
+                        sc->chrf += lp_chrf(hyp, want);
+                    }
+                }
+            }
+        }
+        if (!o->json)
+            fprintf(stderr, "eval-tasks: %s: %s, %d records in %.1f s\n", path, task, n,
+                    lp_now_seconds() - t0);
+        free_records(rs, n);
+    }
+    rc = 0;
+done:
+    if (ss)
+        for (int i = 0; i < o->batch; i++) free(ss[i].tokens);
+    free(ss);
+    free(rows);
+    lp_context_free(ctx);
+    for (int i = 0; i < o->n_adapters; i++) lp_adapter_free(adapters[i]);
+    lp_model_free(model);
+    return rc;
+}
+
+/* Table order: tasks in their standard order, the task's adapter before
+ * the base, languages alphabetically with "all" last. */
+static int group_cmp(const void *pa, const void *pb) {
+    const eval_group *a = pa, *b = pb;
+    int ta = lp_world_task_from_name(a->task), tb = lp_world_task_from_name(b->task);
+    if (ta != tb) return ta < tb ? -1 : 1;
+    int ba = !strcmp(a->adapter, "base"), bb = !strcmp(b->adapter, "base");
+    if (ba != bb) return ba - bb;
+    int la = !strcmp(a->lang, "all"), lb = !strcmp(b->lang, "all");
+    if (la != lb) return la - lb;
+    return strcmp(a->lang, b->lang);
+}
+
+static double pct(int a, int n) { return n ? 100.0 * a / n : 0.0; }
+static double mean(double s, int n) { return n ? s / n : 0.0; }
+
+static void print_table(const eval_opts *o, const group_list *gl) {
+    bool q = o->model_path[1] != NULL;
+    printf("%-14s %-6s %-14s %5s %8s %8s", "task", "lang", "adapter", "n", "EM%", "chrF");
+    if (q) printf(" %8s %8s %8s %8s", "q EM%", "q chrF", "rel EM%", "rel chrF");
+    printf("\n");
+    for (int i = 0; i < gl->n; i++) {
+        const eval_group *g = &gl->g[i];
+        const eval_score *f = &g->score[0], *qq = &g->score[1];
+        double em = pct(f->exact, f->n), cf = mean(f->chrf, f->n);
+        printf("%-14s %-6s %-14s %5d %8.1f %8.1f", g->task, g->lang, g->adapter, f->n, em, cf);
+        if (q) {
+            double qem = pct(qq->exact, qq->n), qcf = mean(qq->chrf, qq->n);
+            printf(" %8.1f %8.1f", qem, qcf);
+            if (em > 0) printf(" %8.1f", 100.0 * qem / em);
+            else printf(" %8s", "-");
+            if (cf > 0) printf(" %8.1f", 100.0 * qcf / cf);
+            else printf(" %8s", "-");
+        }
+        printf("\n");
+    }
+}
+
+static void print_json(const eval_opts *o, const group_list *gl) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON_AddStringToObject(root, "model", o->model_path[0]);
+    if (o->model_path[1]) cJSON_AddStringToObject(root, "quantized", o->model_path[1]);
+    cJSON *arr = cJSON_AddArrayToObject(root, "results");
+    for (int i = 0; i < gl->n; i++) {
+        const eval_group *g = &gl->g[i];
+        cJSON *e = cJSON_CreateObject();
+        cJSON_AddStringToObject(e, "task", g->task);
+        cJSON_AddStringToObject(e, "lang", g->lang);
+        cJSON_AddStringToObject(e, "adapter", g->adapter);
+        cJSON_AddNumberToObject(e, "n", g->score[0].n);
+        const char *names[2] = {"full", "quantized"};
+        for (int k = 0; k < (o->model_path[1] ? 2 : 1); k++) {
+            cJSON *s = cJSON_AddObjectToObject(e, names[k]);
+            cJSON_AddNumberToObject(s, "exact_match", pct(g->score[k].exact, g->score[k].n));
+            cJSON_AddNumberToObject(s, "chrf", mean(g->score[k].chrf, g->score[k].n));
+        }
+        if (o->model_path[1]) {
+            double em = pct(g->score[0].exact, g->score[0].n);
+            double cf = mean(g->score[0].chrf, g->score[0].n);
+            cJSON *r = cJSON_AddObjectToObject(e, "relative");
+            if (em > 0)
+                cJSON_AddNumberToObject(r, "exact_match",
+                                        100.0 * pct(g->score[1].exact, g->score[1].n) / em);
+            if (cf > 0)
+                cJSON_AddNumberToObject(r, "chrf",
+                                        100.0 * mean(g->score[1].chrf, g->score[1].n) / cf);
+        }
+        cJSON_AddItemToArray(arr, e);
+    }
+    char *text = cJSON_Print(root);
+    if (text) puts(text);
+    free(text);
+    cJSON_Delete(root);
+}
+
+/* "name=PATH,name=PATH" into o->adapter_name / adapter_path (in place). */
+static bool parse_adapters(eval_opts *o) {
+    for (char *save = NULL, *item = strtok_r(o->adapter_spec, ",", &save); item;
+         item = strtok_r(NULL, ",", &save)) {
+        char *eq = strchr(item, '=');
+        if (!eq || eq == item || !eq[1]) {
+            fprintf(stderr, "loraplex eval-tasks: --adapters wants NAME=PATH, got '%s'\n", item);
+            return false;
+        }
+        if (o->n_adapters == 32) {
+            fprintf(stderr, "loraplex eval-tasks: at most 32 adapters\n");
+            return false;
+        }
+        *eq = '\0';
+        o->adapter_name[o->n_adapters] = item;
+        o->adapter_path[o->n_adapters++] = eq + 1;
+    }
+    return true;
+}
+
+int cli_eval_tasks(int argc, char **argv) {
+    eval_opts o = {.batch = 16, .max_new = 96};
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        long n;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            eval_usage(stdout);
+            return 0;
+        }
+        if (!strcmp(a, "--base")) { o.base = true; continue; }
+        if (!strcmp(a, "--json")) { o.json = true; continue; }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_path[0] = v;
+        else if (!strcmp(a, "--quantized")) o.model_path[1] = v;
+        else if (!strcmp(a, "--data")) o.data_dir = v;
+        else if (!strcmp(a, "--adapters")) o.adapter_spec = strdup(v);
+        else if (!strcmp(a, "--tasks")) o.only_tasks = v;
+        else if (!strcmp(a, "--max")) {
+            if (!cli_int(a, v, 1, 10000000, &n)) return 2;
+            o.max_records = (int)n;
+        } else if (!strcmp(a, "--batch")) {
+            if (!cli_int(a, v, 1, 256, &n)) return 2;
+            o.batch = (int)n;
+        } else if (!strcmp(a, "--max-new")) {
+            if (!cli_int(a, v, 1, 400, &n)) return 2;
+            o.max_new = (int)n;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!cli_int(a, v, 1, 1024, &n)) return 2;
+            o.threads = (int)n;
+        } else {
+            fprintf(stderr, "loraplex eval-tasks: unknown option '%s'\n", a);
+            eval_usage(stderr);
+            return 2;
+        }
+    }
+    if (!o.model_path[0] || !o.data_dir) {
+        eval_usage(stderr);
+        free(o.adapter_spec);
+        return 2;
+    }
+    if (o.adapter_spec && !parse_adapters(&o)) {
+        free(o.adapter_spec);
+        return 2;
+    }
+    group_list gl = {0};
+    lp_error err;
+    int rc = 0;
+    for (int which = 0; which < 2 && rc == 0; which++)
+        if (o.model_path[which] && eval_model(&o, which, &gl, &err) != 0)
+            rc = cli_fail("eval-tasks", &err);
+    if (rc == 0 && gl.n == 0) {
+        fprintf(stderr, "loraplex eval-tasks: no <task>.eval.jsonl files in %s\n", o.data_dir);
+        rc = 1;
+    }
+    if (rc == 0) {
+        qsort(gl.g, (size_t)gl.n, sizeof *gl.g, group_cmp);
+        if (o.json) print_json(&o, &gl);
+        else print_table(&o, &gl);
+    }
+    free(gl.g);
+    free(o.adapter_spec);
+    return rc;
+}

@@ -1,0 +1,34 @@
+/* Private to src/world: the string builder and rendering pieces shared by
+ * the language (lang.c) and task (tasks.c) code. */
+#ifndef LP_WORLD_INTERNAL_H
+#define LP_WORLD_INTERNAL_H
+
+#include "world.h"
+
+/* A bounded string builder: never writes past cap, remembers overflow. */
+typedef struct sb {
+    char *buf;
+    size_t len, cap;
+    bool overflow;
+} sb;
+
+void sb_put(sb *s, const char *text);
+void sb_word(sb *s, const char *w);           /* space-separated */
+void sb_word2(sb *s, const char *a, const char *b);
+
+/* Rendering pieces (lang.c). verb -1 = "go". */
+void world_np(sb *s, const lp_np *np, int lang, bool object);
+void world_verb(sb *s, int verb, int tense, int lang, const lp_np *subj);
+void world_place(sb *s, int place, int lang, bool dest, bool drop_prep);
+void world_time(sb *s, int time, int lang);
+void world_clause(sb *s, const lp_meaning *m, int lang, const lp_render_opts *o);
+void world_case_first(sb *s, size_t from, bool lower, bool starts_with_name);
+const char *world_name(int name);
+
+int world_rand(lp_rng *rng, int n);
+void world_random_np(lp_rng *rng, bool agent, lp_np *np);
+int world_random_time(lp_rng *rng, int tense);
+uint64_t world_core_key(const lp_meaning *m);
+uint64_t world_mix(uint64_t h, int64_t v);
+
+#endif
