@@ -21,6 +21,8 @@ static void usage(FILE *out) {
             "  adapter   inspect, compile or merge LoRA adapters (loraplex adapter info PATH)\n"
             "  world     write the demo world: corpus, tasks, vocabulary (loraplex world --out DIR)\n"
             "  eval-tasks  exact match and chrF per task, f32 vs quantized  (see --help)\n"
+            "  train     train a model from scratch (loraplex train --help)\n"
+            "  train-lora  train a LoRA adapter on a frozen base (loraplex train-lora --help)\n"
             "  synth     write a random model of a real shape (loraplex synth --preset NAME -o OUT)\n"
             "\nrun 'loraplex COMMAND --help' for a command's options.\n",
             LORAPLEX_VERSION);
@@ -44,6 +46,8 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cli_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "adapter")) return cli_adapter(argc - 1, argv + 1);
     if (!strcmp(cmd, "world")) return cli_world(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train")) return cli_train(argc - 1, argv + 1);
+    if (!strcmp(cmd, "train-lora")) return cli_train_lora(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval-tasks")) return cli_eval_tasks(argc - 1, argv + 1);
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);

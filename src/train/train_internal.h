@@ -1,0 +1,92 @@
+/* Private to the train layer: saved activations, backward scratch and the
+ * threaded matrix / attention kernels shared by forward.c and backward. */
+#ifndef LP_TRAIN_INTERNAL_H
+#define LP_TRAIN_INTERNAL_H
+
+#include "train.h"
+
+struct lp_tacts {
+    int max_batch, max_seq;   /* capacity: B <= max_batch, T <= max_seq */
+    int B, T;                 /* shape of the last forward */
+    double loss, mask_sum;
+    /* forward, per layer l (index [l][n][...]) */
+    float *x;                 /* [L+1][N][dim] residual stream entering layer l; [L] = final */
+    float *xn1, *rstd1;       /* [L][N][dim], [L][N] attention RMSNorm */
+    float *q, *k, *v;         /* [L][N][q_dim], [L][N][kv_dim] x2, after RoPE */
+    float *att;               /* [L][B][H][T][T] softmax probabilities */
+    float *att_out;           /* [L][N][q_dim] */
+    float *x_mid;             /* [L][N][dim] after the attention residual */
+    float *xn2, *rstd2;       /* FFN RMSNorm */
+    float *gate, *up, *h;     /* [L][N][ffn] pre-activation gate, up, silu(gate)*up */
+    float *lora_t;            /* [L][P][N][rank]: A x per target projection */
+    float *xnf, *rstdf;       /* [N][dim], [N] final norm */
+    float *logits;            /* [N][n_vocab] */
+    float *rope_cos, *rope_sin; /* [N][head_dim/2] */
+    /* backward scratch (one layer at a time) */
+    float *dlogits;           /* [N][n_vocab] */
+    float *dx, *dxn, *dtmp;   /* [N][max(dim, q_dim)] */
+    float *dq, *dk, *dv, *datt_out; /* [N][q_dim], [N][kv_dim] x2, [N][q_dim] */
+    float *dgate, *dup, *dh;  /* [N][ffn] */
+    float *dlora;             /* [N][rank] */
+    float *datt;              /* [B][H][T] scratch rows for dP (one per (b,h)) */
+    float *scratch;           /* transposes for the matmul backward */
+    size_t scratch_floats;
+};
+
+/* ---- kernels (ops.c) ------------------------------------------------------ */
+
+/* The one matrix kernel: Y[r][c] (+)= alpha * sum_k A[r][k] Bm[c][k]
+ * ("A times B transposed", both row-major with the reduction contiguous).
+ * Threaded over rows r; each element is summed in one fixed order, so the
+ * result doesn't depend on the thread count. */
+void lp_t_gemm_nt(lp_threadpool *pool, float *Y, const float *A, const float *Bm, int R,
+                  int C, int K, float alpha, bool accumulate);
+/* Y[n][o] (+)= alpha * sum_i X[n][i] W[o][i]  (a linear layer forward). */
+void lp_t_matmul(lp_threadpool *pool, float *Y, const float *X, const float *W, int N,
+                 int in, int out, float alpha, bool accumulate);
+/* dX[n][i] (+)= alpha * sum_o dY[n][o] W[o][i]. scratch: in*out floats. */
+void lp_t_matmul_dx(lp_threadpool *pool, float *dX, const float *dY, const float *W,
+                    int N, int in, int out, float alpha, bool accumulate, float *scratch);
+/* dW[o][i] += alpha * sum_n dY[n][o] X[n][i]. scratch: N*(in+out) floats. */
+void lp_t_matmul_dw(lp_threadpool *pool, float *dW, const float *dY, const float *X,
+                    int N, int in, int out, float alpha, float *scratch);
+
+void lp_t_rmsnorm(float *y, float *rstd, const float *x, const float *w, int N, int n,
+                  float eps);
+/* dx (+)= ..., dw += ... (dw may be NULL). */
+void lp_t_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x,
+                           const float *w, const float *rstd, int N, int n, bool accumulate);
+
+/* Rotates pairs (2i, 2i+1) of every head by the row's angle (sign = +1) or
+ * back (sign = -1, the backward). */
+void lp_t_rope(float *x, const float *cos, const float *sin, int N, int n_heads,
+               int head_dim, float sign);
+
+void lp_t_swiglu(float *h, const float *gate, const float *up, int64_t n);
+void lp_t_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
+                          const float *up, int64_t n);
+
+typedef struct lp_t_attn {
+    int B, T, n_heads, n_kv_heads, head_dim;
+    const uint8_t *visible;   /* NULL: causal */
+    const float *q, *k, *v;
+    float *att, *out;
+    /* backward */
+    const float *dout;
+    float *dq, *dk, *dv, *datt;
+} lp_t_attn;
+
+void lp_t_attention(lp_threadpool *pool, lp_t_attn *a);
+/* Overwrites dq, dk, dv. */
+void lp_t_attention_backward(lp_threadpool *pool, lp_t_attn *a);
+
+void lp_t_free_acts(lp_tacts *a);
+/* Floats per group for a config, without allocating them. */
+int lp_t_param_counts(const lp_train_config *cfg, size_t sizes[3], lp_error *err);
+
+/* Parameter-table helpers (params.c). */
+void lp_t_bind(const lp_train_model *m, float *const groups[3], lp_tweights *w);
+size_t lp_t_lora_rows_in(const lp_train_config *c, int p);
+size_t lp_t_lora_rows_out(const lp_train_config *c, int p);
+
+#endif

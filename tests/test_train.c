@@ -1,0 +1,626 @@
+/* The trainer: finite-difference gradient checks of every parameter group
+ * (through GQA, LoRA, extra embeddings, a loss mask and a tree mask), an
+ * overfit test, frozen-base and resume determinism, export round trips
+ * through the runtime, and checkpoint validation. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cjson/cJSON.h>
+
+#include "check.h"
+#include "model/context.h"
+#include "train/train.h"
+
+static lp_train_config tiny_config(bool tied) {
+    lp_train_config c = {
+        .n_vocab = 11, .dim = 8, .n_layers = 2, .n_heads = 2, .n_kv_heads = 1, .head_dim = 4,
+        .ffn_dim = 16, .n_ctx = 32, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
+        .tied_output = tied, .n_extra = 2, .lora_rank = 2, .lora_alpha = 3.0f,
+        .lora_targets = (1u << LP_PROJ_COUNT) - 1,
+    };
+    return c;
+}
+
+/* Random everything (LoRA B too: at its zero init, A would get no gradient). */
+static void randomize(lp_train_model *m, uint64_t seed, float std) {
+    lp_rng rng;
+    lp_rng_seed(&rng, seed);
+    for (int g = 0; g < 3; g++)
+        for (size_t i = 0; m->group[g] && i < m->group_size[g]; i++)
+            m->group[g][i] = std * lp_rng_normal(&rng);
+    /* norm gains around 1 */
+    for (int i = 0; i < m->n_params; i++)
+        if (m->params[i].cols == 1)
+            for (size_t k = 0; k < m->params[i].size; k++)
+                m->group[0][m->params[i].offset + k] += 1.0f;
+}
+
+/* Two sequences of T = 5: the first causal-like but with a tree (position 3
+ * doesn't see 2; 4 sees 0,1,3,4), positions given explicitly; ids include
+ * extra rows; a mask with zeros. */
+enum { GB = 2, GT = 5 };
+static const int32_t g_inputs[GB * GT] = {1, 5, 11, 3, 12, 2, 7, 7, 9, 4};
+static const int32_t g_targets[GB * GT] = {5, 3, 3, 8, 1, 7, 7, 9, 4, 10};
+static const float g_mask[GB * GT] = {1, 0, 1, 1, 1, 0, 1, 1, 1, 1};
+static const int32_t g_pos[GB * GT] = {0, 1, 2, 2, 3, 0, 1, 2, 3, 4};
+
+static void tree_visible(uint8_t *vis) {
+    memset(vis, 0, (size_t)GB * GT * GT);
+    for (int b = 0; b < GB; b++)
+        for (int i = 0; i < GT; i++)
+            for (int j = 0; j <= i; j++) vis[(b * GT + i) * GT + j] = 1;
+    /* sequence 0: rows 2 and 3 are siblings; row 4 is a child of 3 */
+    vis[(0 * GT + 3) * GT + 2] = 0;
+    vis[(0 * GT + 4) * GT + 2] = 0;
+}
+
+static double loss_of(lp_train_model *m, const lp_train_batch *b) {
+    lp_error err;
+    double l = lp_train_forward(m, b, &err);
+    if (isnan(l)) fprintf(stderr, "forward: %s\n", err.message);
+    return l;
+}
+
+/* Central difference of the loss along dir (unit norm) with Richardson
+ * extrapolation (steps h and h/2), which cancels the O(h²) term so h can
+ * stay large enough for float32 rounding not to matter. */
+
+
+
+#define GC_H 1e-2f
+static double numeric_derivative(lp_train_model *m, const lp_train_batch *b, float *p,
+                                 const float *dir, size_t n) {
+    float *saved = malloc(n * sizeof(float));
+    memcpy(saved, p, n * sizeof(float));
+    double d[2];
+    for (int s = 0; s < 2; s++) {
+        float h = s == 0 ? GC_H : GC_H / 2;
+        for (size_t k = 0; k < n; k++) p[k] = saved[k] + h * dir[k];
+        double lp = loss_of(m, b);
+        for (size_t k = 0; k < n; k++) p[k] = saved[k] - h * dir[k];
+        double lm = loss_of(m, b);
+        d[s] = (lp - lm) / (2.0 * h);
+    }
+    memcpy(p, saved, n * sizeof(float));
+    free(saved);
+    return (4.0 * d[1] - d[0]) / 3.0;
+}
+
+static double rel_error(double a, double b) {
+    return fabs(a - b) / fmax(fmax(fabs(a), fabs(b)), 1e-2);
+}
+
+/* Checks d loss / d tensor along a random unit direction and at the entry
+ * of largest gradient. */
+static double worst_rel;
+static void gradcheck_tensor(lp_train_model *m, const lp_train_batch *b, const lp_tparam *t,
+                             const char *label) {
+    int g = lp_train_group_index(t->group);
+    float *p = m->group[g] + t->offset;
+    const float *grad = m->grad[g] + t->offset;
+    lp_rng rng;
+    lp_rng_seed(&rng, t->offset + 17);
+    float *dir = calloc(t->size, sizeof(float));
+    double analytic = 0, gmax = -1;
+    size_t imax = 0;
+    float unit = 1.0f / sqrtf((float)t->size);
+    for (size_t k = 0; k < t->size; k++) {
+        dir[k] = lp_rng_uniform(&rng) < 0.5f ? -unit : unit;
+        analytic += (double)dir[k] * grad[k];
+        if (fabs(grad[k]) > gmax) gmax = fabs(grad[k]), imax = k;
+    }
+    double numeric = numeric_derivative(m, b, p, dir, t->size);
+    double rel = rel_error(numeric, analytic);
+    if (rel > worst_rel) worst_rel = rel;
+    CHECK_MSG(rel < 3e-3, "%s %s: direction: analytic %.8g numeric %.8g (rel %.3g)", label,
+              t->name, analytic, numeric, rel);
+    float one = 1.0f;
+    numeric = numeric_derivative(m, b, p + imax, &one, 1);
+    rel = rel_error(numeric, grad[imax]);
+    if (rel > worst_rel) worst_rel = rel;
+    CHECK_MSG(rel < 3e-3, "%s %s[%zu]: analytic %.8g numeric %.8g (rel %.3g)", label, t->name,
+              imax, (double)grad[imax], numeric, rel);
+    free(dir);
+}
+
+static void test_gradients(bool tied, bool tree, lp_threadpool *pool) {
+    lp_error err;
+    lp_train_config c = tiny_config(tied);
+    lp_train_model *m =
+        lp_train_model_create(&c, LP_TRAIN_BASE | LP_TRAIN_LORA | LP_TRAIN_EXTRA, &err);
+    CHECK_MSG(m != NULL, "%s", err.message);
+    if (!m) return;
+    CHECK(lp_train_model_reserve(m, GB, GT, &err) == 0);
+    lp_train_model_set_pool(m, pool);
+    randomize(m, 42, 0.2f);
+    uint8_t vis[GB * GT * GT];
+    tree_visible(vis);
+    lp_train_batch b = {.B = GB, .T = GT, .inputs = g_inputs, .targets = g_targets,
+                        .mask = g_mask, .pos = tree ? g_pos : NULL, .visible = tree ? vis : NULL};
+    double loss = loss_of(m, &b);
+    CHECK(isfinite(loss) && loss > 0);
+    lp_train_zero_grad(m);
+    lp_train_backward(m, &b);
+    char label[64];
+    snprintf(label, sizeof label, "%s%s", tied ? "tied" : "untied", tree ? "+tree" : "");
+    for (int i = 0; i < m->n_params; i++) gradcheck_tensor(m, &b, &m->params[i], label);
+    lp_train_model_free(m);
+}
+
+
+/* ---- training behaviour --------------------------------------------------------- */
+
+/* A token stream 0..n_vocab-1 repeating with a twist, as training data. */
+static void make_stream(lp_train_data *d, int n_vocab, size_t n) {
+    memset(d, 0, sizeof *d);
+    d->stream = malloc(n * sizeof *d->stream);
+    d->n_stream = n;
+    for (size_t i = 0; i < n; i++) d->stream[i] = (int32_t)((i * 3 + i / 7) % (size_t)n_vocab);
+}
+
+static lp_adamw_config test_adamw(float lr, int steps) {
+    lp_adamw_config a = lp_adamw_default();
+    a.lr = lr;
+    a.min_lr = lr / 10;
+    a.warmup = 5;
+    a.total_steps = steps;
+    return a;
+}
+
+/* Runs `steps` optimizer steps on batches sampled from d. Returns the last loss. */
+static double train_steps(lp_train_model *m, lp_adamw *opt, lp_train_batch_buf *bb,
+                          const lp_train_data *d, lp_rng *rng, int steps) {
+    lp_error err;
+    double loss = NAN;
+    for (int s = 0; s < steps; s++) {
+        if (d) CHECK(lp_train_batch_sample(bb, d, rng, &err) == 0);
+        loss = lp_train_forward(m, &bb->batch, &err);
+        lp_train_zero_grad(m);
+        lp_train_backward(m, &bb->batch);
+        lp_adamw_step(opt, m);
+    }
+    return loss;
+}
+
+static void test_overfit(void) {
+    lp_error err;
+    lp_train_config c = tiny_config(false);
+    c.n_extra = 0;
+    c.lora_rank = 0;
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_BASE, &err);
+    CHECK(lp_train_model_reserve(m, GB, GT, &err) == 0);
+    lp_train_model_init(m, LP_TRAIN_BASE, 1);
+    lp_adamw opt;
+    lp_adamw_config a = test_adamw(2e-2f, 300);
+    a.weight_decay = 0;
+    CHECK(lp_adamw_init(&opt, m, &a, &err) == 0);
+    int32_t inputs[GB * GT];
+    for (int i = 0; i < GB * GT; i++) inputs[i] = g_inputs[i] % c.n_vocab;
+    lp_train_batch_buf bb = {.batch = {.B = GB, .T = GT, .inputs = inputs, .targets = g_targets,
+                                       .mask = g_mask}};
+    double first = lp_train_forward(m, &bb.batch, &err);
+    double last = train_steps(m, &opt, &bb, NULL, NULL, 300);
+    printf("overfit: loss %.4f -> %.4f after 300 steps\n", first, last);
+    CHECK(first > 2.0);
+    CHECK_MSG(last < 0.05, "loss %g", last);
+    lp_adamw_free(&opt);
+    lp_train_model_free(m);
+}
+
+/* LoRA training moves only A/B: the base buffer stays bit-identical. */
+static void test_lora_frozen_base(void) {
+    lp_error err;
+    lp_train_config c = tiny_config(true);
+    c.n_extra = 0;
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
+    CHECK(m->grad[0] == NULL && m->grad[1] != NULL);
+    CHECK(lp_train_model_reserve(m, 4, 8, &err) == 0);
+    lp_train_model_init(m, LP_TRAIN_BASE | LP_TRAIN_LORA, 3);
+    size_t bytes = m->group_size[0] * sizeof(float);
+    float *copy = malloc(bytes);
+    memcpy(copy, m->group[0], bytes);
+    lp_train_data d;
+    make_stream(&d, c.n_vocab, 500);
+    lp_train_batch_buf bb;
+    CHECK(lp_train_batch_alloc(&bb, 4, 8, &err) == 0);
+    lp_rng rng;
+    lp_rng_seed(&rng, 5);
+    CHECK(lp_train_batch_sample(&bb, &d, &rng, &err) == 0);
+    double before = lp_train_forward(m, &bb.batch, &err);
+    lp_adamw opt;
+    lp_adamw_config a = test_adamw(1e-2f, 60);
+    CHECK(lp_adamw_init(&opt, m, &a, &err) == 0);
+    CHECK(opt.m[0] == NULL);
+    train_steps(m, &opt, &bb, &d, &rng, 60);
+    CHECK(lp_train_batch_sample(&bb, &d, &rng, &err) == 0);
+    double after = lp_train_forward(m, &bb.batch, &err);
+    printf("lora: loss %.4f -> %.4f, base unchanged: %s\n", before, after,
+           memcmp(copy, m->group[0], bytes) == 0 ? "yes" : "NO");
+    CHECK(memcmp(copy, m->group[0], bytes) == 0);
+    CHECK(after < before);
+    free(copy);
+    lp_adamw_free(&opt);
+    lp_train_batch_free(&bb);
+    lp_train_data_free(&d);
+    lp_train_model_free(m);
+}
+
+/* Extra-embedding mode: only E_extra changes. */
+static void test_extra_only(void) {
+    lp_error err;
+    lp_train_config c = tiny_config(false);
+    c.lora_rank = 0;
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_EXTRA, &err);
+    CHECK(m->trainable == LP_TRAIN_EXTRA);
+    CHECK(lp_train_model_reserve(m, GB, GT, &err) == 0);
+    lp_train_model_init(m, LP_TRAIN_BASE | LP_TRAIN_EXTRA, 9);
+    size_t bytes = m->group_size[0] * sizeof(float);
+    float *copy = malloc(bytes), *extra0 = malloc(m->group_size[2] * sizeof(float));
+    memcpy(copy, m->group[0], bytes);
+    memcpy(extra0, m->group[2], m->group_size[2] * sizeof(float));
+    lp_adamw opt;
+    lp_adamw_config a = test_adamw(1e-2f, 30);
+    CHECK(lp_adamw_init(&opt, m, &a, &err) == 0);
+    uint8_t vis[GB * GT * GT];
+    tree_visible(vis);
+    lp_train_batch_buf bb = {.batch = {.B = GB, .T = GT, .inputs = g_inputs, .targets = g_targets,
+                                       .mask = g_mask, .pos = g_pos, .visible = vis}};
+    double before = lp_train_forward(m, &bb.batch, &err);
+    double after = train_steps(m, &opt, &bb, NULL, NULL, 30);
+    CHECK(after < before);
+    CHECK(memcmp(copy, m->group[0], bytes) == 0);
+    CHECK(memcmp(extra0, m->group[2], m->group_size[2] * sizeof(float)) != 0);
+    free(copy);
+    free(extra0);
+    lp_adamw_free(&opt);
+    lp_train_model_free(m);
+}
+
+
+/* ---- checkpoint validation ------------------------------------------------------- */
+
+static bool ckpt_rejected(const uint8_t *data, size_t size, const char *what) {
+    lp_error err = {{0}};
+    lp_train_model *m = NULL;
+    lp_adamw opt;
+    lp_rng rng;
+    int rc = lp_checkpoint_load_memory(data, size, "bad.ckpt", &m, &opt, &rng, &err);
+    if (rc == 0) {
+        lp_adamw_free(&opt);
+        lp_train_model_free(m);
+        fprintf(stderr, "%s: accepted\n", what);
+        return false;
+    }
+    return m == NULL && strstr(err.message, "bad.ckpt") != NULL;
+}
+
+static void test_bad_checkpoints(const char *path) {
+    lp_mapped_file f;
+    lp_error err;
+    CHECK(lp_map_file(path, &f, &err) == 0);
+    uint8_t *buf = malloc(f.size + 1);
+    memcpy(buf, f.data, f.size);
+    CHECK(ckpt_rejected(buf, 0, "empty"));
+    CHECK(ckpt_rejected(buf, 40, "truncated header"));
+    CHECK(ckpt_rejected(buf, f.size - 1, "truncated data"));
+    buf[f.size] = 0;
+    CHECK(ckpt_rejected(buf, f.size + 1, "trailing byte"));
+    uint8_t *bad = malloc(f.size);
+    /* magic, version, trainable, the 10 shape ints, tied, targets, beta1,
+     * beta2, the 3 group counts: every flip makes the file inconsistent */
+    size_t fields[] = {0, 8, 12, 16, 20, 24, 28, 32, 36, 40, 44, 48, 52, 68, 72, 92, 96,
+                       152, 160, 168};
+    for (size_t i = 0; i < sizeof fields / sizeof fields[0]; i++) {
+        memcpy(bad, buf, f.size);
+        uint32_t v;
+        memcpy(&v, bad + fields[i], 4);
+        v = v ^ 0x40000000u;   /* a huge or negative value */
+        memcpy(bad + fields[i], &v, 4);
+        char what[32];
+        snprintf(what, sizeof what, "field at %zu", fields[i]);
+        CHECK_MSG(ckpt_rejected(bad, f.size, what), "%s", what);
+    }
+    free(bad);
+    free(buf);
+    lp_unmap_file(&f);
+}
+
+/* N steps + checkpoint + M steps == N+M steps, bitwise; and 2 threads == 1. */
+static void test_resume_and_threads(void) {
+    lp_error err;
+    lp_train_config c = tiny_config(false);
+    lp_train_data d;
+    make_stream(&d, c.n_vocab, 400);
+    lp_adamw_config a = test_adamw(5e-3f, 10);
+    lp_threadpool *pool = lp_threadpool_create(2, &err);
+    lp_train_model *straight[2];
+    for (int threaded = 0; threaded < 2; threaded++) {
+        lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_BASE | LP_TRAIN_LORA | LP_TRAIN_EXTRA, &err);
+        CHECK(lp_train_model_reserve(m, 3, 6, &err) == 0);
+        lp_train_model_set_pool(m, threaded ? pool : NULL);
+        lp_train_model_init(m, LP_TRAIN_BASE | LP_TRAIN_LORA | LP_TRAIN_EXTRA, 11);
+        lp_adamw opt;
+        CHECK(lp_adamw_init(&opt, m, &a, &err) == 0);
+        lp_train_batch_buf bb;
+        CHECK(lp_train_batch_alloc(&bb, 3, 6, &err) == 0);
+        lp_rng rng;
+        lp_rng_seed(&rng, 77);
+        train_steps(m, &opt, &bb, &d, &rng, 10);
+        straight[threaded] = m;
+        lp_adamw_free(&opt);
+        lp_train_batch_free(&bb);
+    }
+    bool same = true;
+    for (int g = 0; g < 3; g++)
+        same = same && !memcmp(straight[0]->group[g], straight[1]->group[g],
+                               straight[0]->group_size[g] * sizeof(float));
+    CHECK_MSG(same, "2 threads give different parameters than 1");
+
+    /* 6 steps, save, load, 4 more */
+    char path[512];
+    snprintf(path, sizeof path, "%s/test_train_ckpt.bin", LP_BINARY_DIR);
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_BASE | LP_TRAIN_LORA | LP_TRAIN_EXTRA, &err);
+    CHECK(lp_train_model_reserve(m, 3, 6, &err) == 0);
+    lp_train_model_init(m, LP_TRAIN_BASE | LP_TRAIN_LORA | LP_TRAIN_EXTRA, 11);
+    lp_adamw opt;
+    CHECK(lp_adamw_init(&opt, m, &a, &err) == 0);
+    lp_train_batch_buf bb;
+    CHECK(lp_train_batch_alloc(&bb, 3, 6, &err) == 0);
+    lp_rng rng;
+    lp_rng_seed(&rng, 77);
+    train_steps(m, &opt, &bb, &d, &rng, 6);
+    CHECK_MSG(lp_checkpoint_save(path, m, &opt, &rng, &err) == 0, "%s", err.message);
+    lp_adamw_free(&opt);
+    lp_train_model_free(m);
+    memset(&rng, 0, sizeof rng);
+    CHECK_MSG(lp_checkpoint_load(path, &m, &opt, &rng, &err) == 0, "%s", err.message);
+    if (m) {
+        CHECK(opt.step == 6);
+        CHECK(lp_train_model_reserve(m, 3, 6, &err) == 0);
+        train_steps(m, &opt, &bb, &d, &rng, 4);
+        same = true;
+        for (int g = 0; g < 3; g++)
+            same = same && !memcmp(m->group[g], straight[0]->group[g], m->group_size[g] * sizeof(float));
+        CHECK_MSG(same, "resumed training differs from straight training");
+        lp_adamw_free(&opt);
+        lp_train_model_free(m);
+    }
+    test_bad_checkpoints(path);
+    remove(path);
+    lp_train_batch_free(&bb);
+    lp_train_model_free(straight[0]);
+    lp_train_model_free(straight[1]);
+    lp_train_data_free(&d);
+    lp_threadpool_destroy(pool);
+}
+
+/* ---- export: the runtime must compute what the trainer computes ------------------ */
+
+static const char *vocab_path(void) { return LP_SHARED_MODELS "/stories260K.gguf"; }
+
+static void test_export_gguf(lp_threadpool *pool) {
+    lp_error err;
+    lp_train_config c = {
+        .n_vocab = 512, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+        .ffn_dim = 48, .n_ctx = 64, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
+    };
+    for (int tied = 0; tied < 2; tied++) {
+        c.tied_output = tied;
+        lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_BASE, &err);
+        enum { T = 12 };
+        CHECK(lp_train_model_reserve(m, 1, T, &err) == 0);
+        lp_train_model_set_pool(m, pool);
+        randomize(m, 100 + tied, 0.2f);
+        int32_t ids[T], targets[T] = {0};
+        for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 37 + 5) % c.n_vocab);
+        lp_train_batch b = {.B = 1, .T = T, .inputs = ids, .targets = targets};
+        lp_train_forward(m, &b, &err);
+        char path[512];
+        snprintf(path, sizeof path, "%s/test_train_export_%d.gguf", LP_BINARY_DIR, tied);
+        CHECK_MSG(lp_train_export_gguf(m, path, LP_F32, vocab_path(), "test", &err) == 0, "%s",
+                  err.message);
+        lp_model *rt = lp_model_load(path, NULL, &err);
+        CHECK_MSG(rt != NULL, "%s", err.message);
+        if (rt) {
+            lp_context_params cp = lp_context_default_params();
+            cp.n_threads = 1;
+            cp.max_rows = T;
+            cp.max_logit_rows = T;
+            cp.max_sequences = 1;
+            cp.n_ctx = 64;
+            lp_context *ctx = lp_context_create(rt, &cp, &err);
+            CHECK_MSG(ctx != NULL, "%s", err.message);
+            lp_row rows[T];
+            for (int i = 0; i < T; i++)
+                rows[i] = (lp_row){.token = ids[i], .pos = i, .seq = 0, .adapter = 0,
+                                   .parent = i - 1, .logits = true, .commit = false};
+            CHECK_MSG(ctx && lp_forward(ctx, rows, T, &err) == 0, "%s", err.message);
+            double worst = 0;
+            for (int i = 0; ctx && i < T; i++) {
+                const float *a = lp_logits(ctx, i), *e = lp_train_logits(m, i);
+                for (int v = 0; a && v < c.n_vocab; v++) worst = fmax(worst, fabs(a[v] - e[v]));
+            }
+            printf("export (%s): runtime vs trainer logits max diff %.3g\n",
+                   tied ? "tied" : "untied", worst);
+            CHECK(worst < 1e-4);
+            lp_context_free(ctx);
+            lp_model_free(rt);
+        }
+        remove(path);
+        lp_train_model_free(m);
+    }
+}
+
+/* A trained LoRA exported as PEFT and loaded by the runtime's adapter
+ * loader reproduces the trainer's logits (q/k row order, scale, layouts). */
+static void test_peft_runtime(void) {
+    lp_error err;
+    lp_train_config c = {
+        .n_vocab = 512, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+        .ffn_dim = 48, .n_ctx = 64, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
+        .lora_rank = 4, .lora_alpha = 8, .lora_targets = (1u << LP_PROJ_COUNT) - 1,
+    };
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
+    enum { T = 10 };
+    CHECK(lp_train_model_reserve(m, 1, T, &err) == 0);
+    randomize(m, 321, 0.2f);
+    int32_t ids[T], targets[T] = {0};
+    for (int i = 0; i < T; i++) ids[i] = (int32_t)((i * 53 + 7) % c.n_vocab);
+    lp_train_batch b = {.B = 1, .T = T, .inputs = ids, .targets = targets};
+    lp_train_forward(m, &b, &err);
+    char path[512], dir[512];
+    snprintf(path, sizeof path, "%s/test_train_peft_base.gguf", LP_BINARY_DIR);
+    snprintf(dir, sizeof dir, "%s/test_train_peft_rt", LP_BINARY_DIR);
+    CHECK(lp_train_export_gguf(m, path, LP_F32, vocab_path(), "base", &err) == 0);
+    CHECK(lp_train_export_peft(m, dir, "base", &err) == 0);
+    lp_model *rt = lp_model_load(path, NULL, &err);
+    lp_adapter *ad = rt ? lp_adapter_load(rt, dir, 1.0f, &err) : NULL;
+    CHECK_MSG(ad != NULL, "%s", err.message);
+    if (ad) {
+        lp_context_params cp = lp_context_default_params();
+        cp.n_threads = 1;
+        cp.max_rows = T;
+        cp.max_logit_rows = T;
+        cp.max_sequences = 1;
+        cp.n_ctx = 64;
+        lp_context *ctx = lp_context_create(rt, &cp, &err);
+        CHECK(ctx && lp_context_bind_adapter(ctx, 1, ad, &err) == 0);
+        lp_row rows[T];
+        for (int i = 0; i < T; i++)
+            rows[i] = (lp_row){.token = ids[i], .pos = i, .seq = 0, .adapter = 1,
+                               .parent = i - 1, .logits = true, .commit = false};
+        CHECK_MSG(ctx && lp_forward(ctx, rows, T, &err) == 0, "%s", err.message);
+        double worst = 0;
+        for (int i = 0; ctx && i < T; i++) {
+            const float *a = lp_logits(ctx, i), *e = lp_train_logits(m, i);
+            for (int v = 0; a && v < c.n_vocab; v++) worst = fmax(worst, fabs(a[v] - e[v]));
+        }
+        printf("peft: runtime (base + adapter) vs trainer logits max diff %.3g\n", worst);
+        CHECK(worst < 1e-4);
+        lp_context_free(ctx);
+        lp_adapter_free(ad);
+    }
+    lp_model_free(rt);
+    remove(path);
+    char file[600];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    remove(file);
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    remove(file);
+    rmdir(dir);
+    lp_train_model_free(m);
+}
+
+/* The PEFT directory: config keys and tensor shapes, and q/k B rows in HF order. */
+static void test_export_peft(void) {
+    lp_error err;
+    lp_train_config c = tiny_config(false);
+    c.n_extra = 0;
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
+    randomize(m, 5, 0.3f);
+    char dir[512], file[600];
+    snprintf(dir, sizeof dir, "%s/test_train_peft", LP_BINARY_DIR);
+    CHECK_MSG(lp_train_export_peft(m, dir, "tiny-base", &err) == 0, "%s", err.message);
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    char *json;
+    size_t len;
+    CHECK(lp_read_file(file, &json, &len, 1 << 20, &err) == 0);
+    cJSON *j = cJSON_Parse(json);
+    CHECK(j && !strcmp(cJSON_GetObjectItem(j, "peft_type")->valuestring, "LORA"));
+    CHECK(j && cJSON_GetObjectItem(j, "r")->valueint == 2);
+    CHECK(j && cJSON_GetArraySize(cJSON_GetObjectItem(j, "target_modules")) == 7);
+    cJSON_Delete(j);
+    free(json);
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    lp_safetensors *st = lp_safetensors_open(file, &err);
+    CHECK_MSG(st != NULL, "%s", err.message);
+    if (st) {
+        CHECK(lp_safetensors_count(st) == (size_t)c.n_layers * 7 * 2);
+        const lp_st_tensor *qb = lp_safetensors_find(st, "base_model.model.model.layers.1.self_attn.q_proj.lora_B.weight");
+        const lp_st_tensor *da = lp_safetensors_find(st, "base_model.model.model.layers.0.mlp.down_proj.lora_A.weight");
+        CHECK(qb && qb->shape[0] == 8 && qb->shape[1] == 2);
+        CHECK(da && da->shape[0] == 2 && da->shape[1] == 16);
+        if (qb) {
+            /* HF row s*d/2 + i of head h = our row 2i + s */
+            float hf[16];
+            memcpy(hf, qb->data, sizeof hf);
+            const float *ours = m->w.layers[1].lora_b[LP_PROJ_Q];
+            bool ok = true;
+            for (int h = 0; h < 2; h++)
+                for (int i = 0; i < 2; i++)
+                    for (int s = 0; s < 2; s++)
+                        for (int r = 0; r < 2; r++)
+                            ok = ok && hf[(h * 4 + s * 2 + i) * 2 + r] == ours[(h * 4 + 2 * i + s) * 2 + r];
+            CHECK(ok);
+        }
+        lp_safetensors_close(st);
+    }
+    remove(file);
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    remove(file);
+    rmdir(dir);
+    lp_train_model_free(m);
+}
+
+/* JSONL: prompt tokens unmasked, completion + EOS masked in, padding masked out. */
+static void test_jsonl(void) {
+    lp_error err;
+    lp_gguf *g = lp_gguf_open(vocab_path(), &err);
+    CHECK_MSG(g != NULL, "%s", err.message);
+    if (!g) return;
+    lp_tokenizer *tok = lp_tokenizer_from_gguf(g, &err);
+    char path[512];
+    snprintf(path, sizeof path, "%s/test_train.jsonl", LP_BINARY_DIR);
+    FILE *f = fopen(path, "w");
+    fputs("{\"prompt\": \"Once upon\", \"completion\": \" a time\"}\n\n"
+          "{\"prompt\": \"The cat\", \"completion\": \" sat\"}\n", f);
+    fclose(f);
+    lp_train_data d = {0};
+    CHECK_MSG(lp_train_data_load_jsonl(&d, path, tok, &err) == 0, "%s", err.message);
+    CHECK(d.n_ex == 2);
+    if (d.n_ex == 2) {
+        const lp_train_example *ex = &d.ex[0];
+        CHECK(ex->ids[0] == lp_tokenizer_bos(tok));
+        CHECK(ex->ids[ex->n - 1] == lp_tokenizer_eos(tok));
+        lp_train_batch_buf bb;
+        CHECK(lp_train_batch_alloc(&bb, 1, 16, &err) == 0);
+        lp_train_batch_set_example(&bb, 0, ex);
+        int masked = 0;
+        for (int t = 0; t < 16; t++) masked += bb.mask[t] != 0;
+        CHECK(masked == ex->n - ex->n_prompt);
+        CHECK(bb.mask[ex->n_prompt - 2] == 0 && bb.mask[ex->n_prompt - 1] == 1);
+        CHECK(bb.targets[ex->n - 2] == lp_tokenizer_eos(tok) && bb.mask[ex->n - 1] == 0);
+        lp_train_batch_free(&bb);
+    }
+    lp_train_data_free(&d);
+    f = fopen(path, "w");
+    fputs("{\"prompt\": \"x\"}\n", f);
+    fclose(f);
+    CHECK(lp_train_data_load_jsonl(&d, path, tok, &err) < 0 && strstr(err.message, ":1:"));
+    lp_train_data_free(&d);
+    remove(path);
+    lp_tokenizer_free(tok);
+    lp_gguf_close(g);
+}
+
+int main(void) {
+    lp_error err;
+    lp_threadpool *pool = lp_threadpool_create(2, &err);
+    test_gradients(false, false, NULL);
+    test_gradients(true, true, pool);
+    printf("gradient check: worst relative error %.3g\n", worst_rel);
+    test_overfit();
+    test_lora_frozen_base();
+    test_extra_only();
+    test_resume_and_threads();
+    test_export_gguf(pool);
+    test_export_peft();
+    test_peft_runtime();
+    test_jsonl();
+    lp_threadpool_destroy(pool);
+    return check_summary("train");
+}
