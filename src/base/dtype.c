@@ -24,7 +24,14 @@ static const lp_dtype_info k_types[LP_DTYPE_COUNT] = {
     [LP_BF16] = {"BF16", 1, 2, true},
 };
 
+/* Packed formats, per row at group 32: 32 codes + one f16 scale. */
+static const lp_dtype_info k_own_types[LP_DTYPE_OWN_END - LP_W4] = {
+    [LP_W4 - LP_W4] = {"W4", 32, 18, true},
+    [LP_W8 - LP_W4] = {"W8", 32, 34, true},
+};
+
 const lp_dtype_info *lp_dtype_get(uint32_t type_id) {
+    if (type_id >= LP_W4 && type_id < LP_DTYPE_OWN_END) return &k_own_types[type_id - LP_W4];
     if (type_id >= LP_DTYPE_COUNT || k_types[type_id].name == NULL) return NULL;
     return &k_types[type_id];
 }

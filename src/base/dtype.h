@@ -29,7 +29,14 @@ typedef enum lp_dtype {
     LP_I64 = 27,
     LP_F64 = 28,
     LP_BF16 = 30,
-    LP_DTYPE_COUNT = 31
+    LP_DTYPE_COUNT = 31,
+    /* Our own packed integer formats (ids >= 64, never GGML ids). Their
+     * layout interleaves 16 rows and depends on a group size carried in
+     * lp_weight.group; see src/kernels/intpack.c. block_elems/block_bytes
+     * below describe the default group of 32 averaged per row. */
+    LP_W4 = 64, /* int4 symmetric [-8,7], f16 scale per group (32/64/128) */
+    LP_W8 = 65, /* int8 symmetric [-128,127], f16 scale per group or row */
+    LP_DTYPE_OWN_END = 66
 } lp_dtype;
 
 typedef struct lp_dtype_info {
@@ -42,7 +49,8 @@ typedef struct lp_dtype_info {
 /* Info for a raw type id; returns NULL for ids we don't know. */
 const lp_dtype_info *lp_dtype_get(uint32_t type_id);
 /* Bytes of one row of n elements; 0 if the type is unknown or n is not a
- * multiple of the block size. */
+ * multiple of the block size. For LP_W4/LP_W8 this is the average bytes per
+ * row at group 32 (rows are interleaved; use lp_pack_bytes for sizes). */
 size_t lp_dtype_row_bytes(uint32_t type_id, uint64_t n);
 const char *lp_dtype_name(uint32_t type_id);
 

@@ -16,12 +16,19 @@
 #include "../base/dtype.h"
 
 /* A weight matrix: rows = output features, cols = input features; row r
- * occupies row_bytes bytes at data + r*row_bytes, in `type`'s block layout. */
+ * occupies row_bytes bytes at data + r*row_bytes, in `type`'s block layout.
+ *
+ * Exception: the packed integer types LP_W4 / LP_W8 interleave 16 rows (see
+ * intpack.c); for them row_bytes is only the average bytes per row
+ * (lp_pack_bytes / rows, informational), data holds lp_pack_bytes(type,
+ * rows, cols, group) bytes and single rows are read with
+ * lp_weight_dequantize_row. */
 typedef struct lp_weight {
     uint32_t type;      /* lp_dtype */
     int64_t rows, cols;
     size_t row_bytes;
     const void *data;
+    int32_t group;      /* LP_W4/LP_W8: elements per scale; 0 = 32 */
 } lp_weight;
 
 /* ---- element types ----------------------------------------------------- */
@@ -33,19 +40,65 @@ void lp_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
  * Returns false for types we cannot produce. */
 bool lp_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
+/* Row r of any weight (every type above plus LP_W4/LP_W8), as W->cols
+ * floats. Used for embedding lookups. */
+void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst);
+
+/* ---- packed integer weights (LP_W4, LP_W8) ------------------------------- */
+
+/* Bytes of a packed rows x cols matrix; 0 for bad arguments (type not
+ * LP_W4/LP_W8, group not 32/64/128 for W4 or not a multiple of 32 dividing
+ * cols for W8, group 0 = 32, cols not a multiple of group, overflow).
+ * W8 per-row scales: group = cols. */
+size_t lp_pack_bytes(uint32_t type, int64_t rows, int64_t cols, int group);
+/* Quantizes row-major float rows into the packed layout at dst
+ * (lp_pack_bytes bytes). W4 uses a per-group scale search minimising the
+ * squared error. Returns 0, or -1 for bad arguments. */
+int lp_pack_weight(uint32_t type, int group, const float *src_rows_major, int64_t rows,
+                   int64_t cols, void *dst);
+/* As lp_pack_weight; search = false takes the plain absmax scale (W4). */
+int lp_pack_weight_ex(uint32_t type, int group, const float *src_rows_major, int64_t rows,
+                      int64_t cols, void *dst, bool search);
+/* Lossless repack of GGUF rows (row_bytes = lp_dtype_row_bytes(gguf_type,
+ * cols), rows contiguous): Q4_0 -> LP_W4 group 32, Q8_0 -> LP_W8 group 32.
+ * dst holds lp_pack_bytes(*packed_type, rows, cols, 32) bytes. Returns 0,
+ * or -1 for other types or bad shapes. */
+int lp_pack_from_gguf(uint32_t gguf_type, const void *src, int64_t rows, int64_t cols,
+                      void *dst, uint32_t *packed_type);
+/* Fills an lp_weight for packed data (group 0 -> 32). */
+lp_weight lp_packed_weight(uint32_t type, int group, int64_t rows, int64_t cols, const void *data);
+
 /* ---- matmul ------------------------------------------------------------ */
+
+/* Integer kernel levels for the packed types (lp_kernels.int_level). */
+enum { LP_INT_REF = 0, LP_INT_AVX2 = 1, LP_INT_AVX512VNNI = 2, LP_INT_NEON_DOT = 3 };
 
 /* Kernel dispatch table, filled once per context from the CPU features. */
 typedef struct lp_kernels {
     lp_cpu_features cpu;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
     /* more fast paths are private to kernels/ */
-    int level; /* 0 = reference, 1 = avx2, 2 = avx512 */
+    int level;     /* float paths: 0 = reference, 1 = avx2, 2 = avx512 */
+    int int_level; /* LP_W4/LP_W8 integer paths: LP_INT_* */
+    /* LP_W4/LP_W8: quantize activations to int8 per group and run integer
+     * dot products (default). false: W4A16/W8A16 (dequantize + float). */
+    bool int8_activations;
+    /* Quantized-activation scratch, see lp_kernels_reserve. */
+    void *scratch;
+    size_t scratch_bytes;
 } lp_kernels;
 
+/* Both reset *k (call lp_kernels_free first if it holds scratch). */
 void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu);
 /* Forces the plain C reference everywhere (tests). */
 void lp_kernels_init_reference(lp_kernels *k);
+/* Allocates the int8 activation scratch once: enough for lp_matmul calls
+ * with n_batch <= max_rows and cols <= max_cols (larger batches are done in
+ * slices; without scratch the packed types take the float path). Returns 0
+ * or -1 (err set). */
+int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_error *err);
+void lp_kernels_free(lp_kernels *k);
+const char *lp_int_level_name(int int_level);
 
 /* Y[b][r] = sum_c W[r][c] * X[b][c] for b < n_batch, r < W->rows.
  * X is n_batch rows of W->cols floats (stride x_stride floats); Y rows have

@@ -27,6 +27,87 @@ typedef struct lp_tile {
  * (identical results, vectorized by the compiler). */
 void lp_dequantize_row_fast(int level, uint32_t type, const void *src, float *dst, int64_t n);
 
+/* ---- packed integer weights (intpack.c, intmatmul*.c) ------------------------ */
+
+/* Rows per panel: the unit of the LP_W4/LP_W8 layout (intpack.c). */
+#define LP_PANEL 16
+
+/* Geometry of a packed matrix. */
+typedef struct lp_packed_geom {
+    int64_t panels, groups;  /* ceil(rows / 16), cols / group */
+    int group;               /* elements per scale */
+    size_t code_bytes;       /* bytes of codes per panel and group: 8*group (W4) or 16*group (W8) */
+    size_t panel_bytes;      /* groups * (32 + code_bytes) */
+} lp_packed_geom;
+
+/* false for bad type/shape; group 0 means 32. */
+bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp_packed_geom *g);
+
+/* Activations quantized to int8 per group of `group` elements (the weight's
+ * group): row b has codes q[b*q_stride ..], scales d[b*groups + g] (x ~=
+ * d*q, q in [-127,127]) and corr[b*groups + g] = -offset * sum(q in group),
+ * where offset is the weight code bias (8 for W4, 128 for W8): kernels
+ * that multiply biased unsigned weight codes start each group's integer
+ * sum at corr, which cancels the bias exactly. */
+typedef struct lp_qact {
+    int8_t *q;
+    float *d;
+    int32_t *corr;
+    int64_t q_stride, groups;
+} lp_qact;
+
+/* One integer GEMM job: panels [p0, p1) of a packed matrix against batch
+ * rows [0, nb) of a. y[b*y_stride + r] for r = 16*p + lane < rows. */
+typedef struct lp_igemm {
+    const uint8_t *w;        /* packed data (panel 0) */
+    lp_packed_geom geom;
+    int64_t rows;
+    int64_t p0, p1;
+    const lp_qact *a;
+    int64_t nb;
+    float *y;
+    int64_t y_stride;
+} lp_igemm;
+
+/* Every kernel computes, per output (row r, batch b), exactly
+ *     acc = 0; for each group g: acc = fmaf((float)isum_g, dw_g * dx_g, acc)
+ * with isum_g the exact int32 dot product of the group's codes, so every
+ * level gives bit-identical floats. */
+void lp_w4_gemm_ref(const lp_igemm *g);
+void lp_w8_gemm_ref(const lp_igemm *g);
+#if defined(__x86_64__)
+void lp_w4_gemm_avx2(const lp_igemm *g);
+void lp_w8_gemm_avx2(const lp_igemm *g);
+void lp_w4_gemm_vnni(const lp_igemm *g);
+void lp_w8_gemm_vnni(const lp_igemm *g);
+#endif
+/* GCC builds the dotprod kernels through a target attribute; clang 14's
+ * arm_neon.h only declares the lane forms when the whole file targets
+ * dotprod (-march=armv8.2-a+dotprod), so with clang they need that flag. */
+#if defined(__aarch64__) && (!defined(__clang__) || defined(__ARM_FEATURE_DOTPROD))
+#define LP_HAVE_NEON_DOT 1
+#endif
+#if defined(LP_HAVE_NEON_DOT)
+void lp_w4_gemm_neon(const lp_igemm *g);
+void lp_w8_gemm_neon(const lp_igemm *g);
+#endif
+
+/* Dequantizes columns [c0, c0+n) of the 16 rows of panel p into
+ * out[lane*out_stride + i] (padding rows give zeros). c0, n multiples of 8. */
+void lp_packed_dequant_panel(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t p,
+                             int64_t c0, int64_t n, float *out, int64_t out_stride);
+
+void lp_packed_dequant_row(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t row,
+                           int64_t c0, int64_t n, float *out);
+
+bool lp_matmul_packed(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W, const float *X,
+                      int64_t x_stride, int64_t n_batch, float *Y, int64_t y_stride);
+void lp_matmul_ref_packed(const lp_weight *W, const float *X, int64_t x_stride, int64_t n_batch, float *Y,
+                          int64_t y_stride);
+
+/* Runs an lp_tile (float weights) at a float dispatch level. */
+void lp_run_tile_f32(int level, const lp_tile *t);
+
 #if defined(__x86_64__)
 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void lp_tile_f32_avx2(const lp_tile *t);

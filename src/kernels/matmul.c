@@ -14,6 +14,8 @@ void lp_kernels_init_reference(lp_kernels *k) {
     memset(k, 0, sizeof *k);
     k->dot_f32 = lp_dot_f32_ref;
     k->level = 0;
+    k->int_level = LP_INT_REF;
+    k->int8_activations = true;
 }
 
 void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
@@ -28,6 +30,12 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->level = 1;
         k->dot_f32 = lp_dot_f32_avx2;
     }
+    if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni)
+        k->int_level = LP_INT_AVX512VNNI;
+    else if (avx2)
+        k->int_level = LP_INT_AVX2;
+#elif defined(LP_HAVE_NEON_DOT)
+    if (cpu->dotprod) k->int_level = LP_INT_NEON_DOT;
 #endif
 }
 
@@ -60,6 +68,8 @@ static void run_tile(int level, bool f16, const lp_tile *t) {
     (void)f16; /* level 0 never sees f16 rows: they are converted first */
     tile_f32_ref(t);
 }
+
+void lp_run_tile_f32(int level, const lp_tile *t) { run_tile(level, false, t); }
 
 static void f16_row_to_f32(int level, const uint16_t *src, float *dst, int64_t n) {
 #if defined(__x86_64__)
@@ -149,6 +159,11 @@ void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
                const float *X, int64_t x_stride, int64_t n_batch, float *Y,
                int64_t y_stride) {
     if (W->rows <= 0 || n_batch <= 0) return;
+    if (W->type == LP_W4 || W->type == LP_W8) {
+        if (!lp_matmul_packed(k, pool, W, X, x_stride, n_batch, Y, y_stride))
+            for (int64_t b = 0; b < n_batch; b++) memset(Y + b * y_stride, 0, (size_t)W->rows * sizeof(float));
+        return;
+    }
     const lp_dtype_info *info = lp_dtype_get(W->type);
     /* Loaders reject unsupported types; zeros beat reading unknown blocks. */
     if (W->cols <= 0 || !info || !info->supported) {
@@ -165,6 +180,10 @@ void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
 
 void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
                    int64_t n_batch, float *Y, int64_t y_stride) {
+    if (W->type == LP_W4 || W->type == LP_W8) {
+        lp_matmul_ref_packed(W, X, x_stride, n_batch, Y, y_stride);
+        return;
+    }
     const lp_dtype_info *info = lp_dtype_get(W->type);
     if (!info || !info->supported) {
         for (int64_t b = 0; b < n_batch; b++)

@@ -1,0 +1,256 @@
+/* lp_matmul for the packed integer types LP_W4 / LP_W8.
+ *
+ * Integer path (default): two thread-pool passes over pre-reserved scratch.
+ *   1. the rows of X are quantized to int8 per group of the weight's group
+ *      size (scale amax/127, round to nearest), threads splitting the rows;
+ *   2. the output rows (16-row panels) are split between threads and each
+ *      runs the integer GEMM kernel of its level: exact int32 dot products
+ *      per group, scaled in float (see lp_igemm in kernels_internal.h).
+ * Float path (int8_activations = false, or no scratch): each panel is
+ * dequantized chunk by chunk and multiplied by the float tile kernels
+ * (W4A16), for accuracy comparisons. */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+/* ---- scratch ---------------------------------------------------------------------- */
+
+static int64_t round64(int64_t n) { return (n + 63) & ~(int64_t)63; }
+
+/* Scratch bytes one batch row needs: codes, then a float scale and an int32
+ * correction per group. */
+static size_t act_row_bytes(int64_t cols, int64_t groups) {
+    return (size_t)round64(cols) + 8 * (size_t)groups;
+}
+
+int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_error *err) {
+    if (max_rows <= 0 || max_cols <= 0)
+        return lp_fail(err, "kernels: bad scratch shape %lld x %lld", (long long)max_rows, (long long)max_cols);
+    size_t bytes;
+    if (!lp_mul_ok(act_row_bytes(max_cols, max_cols / 32 + 1), (size_t)max_rows, &bytes))
+        return lp_fail(err, "kernels: activation scratch size overflows");
+    if (bytes <= k->scratch_bytes) return 0;
+    void *p = lp_alloc(bytes);
+    if (!p) return lp_fail(err, "kernels: out of memory for %zu bytes of activation scratch", bytes);
+    lp_free(k->scratch);
+    k->scratch = p;
+    k->scratch_bytes = bytes;
+    return 0;
+}
+
+void lp_kernels_free(lp_kernels *k) {
+    lp_free(k->scratch);
+    k->scratch = NULL;
+    k->scratch_bytes = 0;
+}
+
+const char *lp_int_level_name(int int_level) {
+    switch (int_level) {
+    case LP_INT_AVX2: return "avx2";
+    case LP_INT_AVX512VNNI: return "avx512-vnni";
+    case LP_INT_NEON_DOT: return "neon-dotprod";
+    default: return "reference";
+    }
+}
+
+/* ---- activation quantization (one C version for every level) --------------------- */
+
+/* Round to nearest even without a libm call, so the loop vectorizes:
+ * adding 1.5 * 2^23 leaves the rounded integer in the low mantissa bits
+ * (valid for |v| < 2^22; the caller clamps anything else). */
+static inline int32_t round_magic(float v) {
+    float t = v + 12582912.0f;
+    int32_t bits;
+    memcpy(&bits, &t, sizeof bits);
+    int64_t r = (int64_t)bits - 0x4B400000;
+    return (int32_t)(r < -127 ? -127 : r > 127 ? 127 : r);
+}
+
+static void quantize_act_row(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d,
+                             int32_t *corr) {
+    for (int64_t g0 = 0, gi = 0; g0 < cols; g0 += group, gi++) {
+        float amax = 0;
+        for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(x[g0 + i]));
+        float id = amax > 0 && isfinite(amax) ? 127.0f / amax : 0.0f;
+        int32_t sum = 0;
+        for (int i = 0; i < group; i++) {
+            int32_t v = round_magic(x[g0 + i] * id);
+            q[g0 + i] = (int8_t)v;
+            sum += v;
+        }
+        d[gi] = id > 0 ? amax / 127.0f : 0.0f;
+        corr[gi] = -offset * sum;
+    }
+}
+
+/* ---- reference kernels -------------------------------------------------------------- */
+
+static void gemm_ref(const lp_igemm *g, bool w4) {
+    const lp_packed_geom *ge = &g->geom;
+    const lp_qact *a = g->a;
+    const int G = ge->group;
+    for (int64_t p = g->p0; p < g->p1; p++) {
+        const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
+        const uint8_t *codes0 = panel + (size_t)ge->groups * 32;
+        for (int lane = 0; lane < LP_PANEL && p * LP_PANEL + lane < g->rows; lane++) {
+            for (int64_t b = 0; b < g->nb; b++) {
+                const int8_t *xq = a->q + b * a->q_stride;
+                float acc = 0;
+                for (int64_t gi = 0; gi < ge->groups; gi++) {
+                    const uint8_t *codes = codes0 + (size_t)gi * ge->code_bytes + 4 * lane;
+                    const int8_t *xg = xq + gi * G;
+                    int32_t isum = 0;
+                    if (w4) {
+                        for (int k = 0; k < G / 8; k++)
+                            for (int j = 0; j < 4; j++) {
+                                uint8_t byte = codes[64 * k + j];
+                                isum += ((byte & 0x0f) - 8) * xg[8 * k + j] + ((byte >> 4) - 8) * xg[8 * k + 4 + j];
+                            }
+                    } else {
+                        for (int k = 0; k < G / 4; k++)
+                            for (int j = 0; j < 4; j++) isum += ((int)codes[64 * k + j] - 128) * xg[4 * k + j];
+                    }
+                    const uint8_t *sp = panel + (size_t)gi * 32 + 2 * lane;
+                    float dw = lp_f16_to_f32((uint16_t)(sp[0] | (sp[1] << 8)));
+                    acc = fmaf((float)isum, dw * a->d[b * a->groups + gi], acc);
+                }
+                g->y[b * g->y_stride + p * LP_PANEL + lane] = acc;
+            }
+        }
+    }
+}
+
+void lp_w4_gemm_ref(const lp_igemm *g) { gemm_ref(g, true); }
+void lp_w8_gemm_ref(const lp_igemm *g) { gemm_ref(g, false); }
+
+typedef void (*igemm_fn)(const lp_igemm *g);
+
+static igemm_fn pick_kernel(int int_level, uint32_t type) {
+    bool w4 = type == LP_W4;
+    switch (int_level) {
+#if defined(__x86_64__)
+    case LP_INT_AVX2: return w4 ? lp_w4_gemm_avx2 : lp_w8_gemm_avx2;
+    case LP_INT_AVX512VNNI: return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
+#endif
+#if defined(LP_HAVE_NEON_DOT)
+    case LP_INT_NEON_DOT: return w4 ? lp_w4_gemm_neon : lp_w8_gemm_neon;
+#endif
+    default: return w4 ? lp_w4_gemm_ref : lp_w8_gemm_ref;
+    }
+}
+
+/* ---- the threaded driver ------------------------------------------------------------ */
+
+typedef struct int_job {
+    const lp_kernels *k;
+    const lp_weight *W;
+    lp_packed_geom geom;
+    const float *X;
+    int64_t x_stride, nb;
+    lp_qact a;
+    float *Y;
+    int64_t y_stride;
+} int_job;
+
+static void quant_worker(void *ctx, int ti, int nt) {
+    const int_job *job = ctx;
+    int64_t b0, b1;
+    lp_split_range(job->nb, ti, nt, 1, &b0, &b1);
+    int offset = job->W->type == LP_W4 ? 8 : 128;
+    const lp_qact *a = &job->a;
+    for (int64_t b = b0; b < b1; b++)
+        quantize_act_row(job->X + b * job->x_stride, job->W->cols, job->geom.group, offset,
+                         a->q + b * a->q_stride, a->d + b * a->groups, a->corr + b * a->groups);
+}
+
+static void gemm_worker(void *ctx, int ti, int nt) {
+    const int_job *job = ctx;
+    lp_igemm g = {job->W->data, job->geom, job->W->rows, 0, 0, &job->a, job->nb, job->Y, job->y_stride};
+    lp_split_range(job->geom.panels, ti, nt, 1, &g.p0, &g.p1);
+    if (g.p0 < g.p1) pick_kernel(job->k->int_level, job->W->type)(&g);
+}
+
+/* Float path: 16 dequantized rows x FLOAT_CHUNK columns per step. */
+#define FLOAT_CHUNK 256
+
+static void float_worker(void *ctx, int ti, int nt) {
+    const int_job *job = ctx;
+    const lp_packed_geom *ge = &job->geom;
+    int64_t p0, p1;
+    lp_split_range(ge->panels, ti, nt, 1, &p0, &p1);
+    _Alignas(64) float buf[LP_PANEL][FLOAT_CHUNK];
+    const int64_t cols = job->W->cols;
+    for (int64_t p = p0; p < p1; p++) {
+        for (int64_t c0 = 0; c0 < cols; c0 += FLOAT_CHUNK) {
+            int64_t n = cols - c0 < FLOAT_CHUNK ? cols - c0 : FLOAT_CHUNK;
+            lp_packed_dequant_panel(job->W->type, ge, job->W->data, p, c0, n, &buf[0][0], FLOAT_CHUNK);
+            for (int t = 0; t < LP_PANEL / LP_TILE_ROWS; t++) {
+                int64_t r = p * LP_PANEL + t * LP_TILE_ROWS;
+                if (r >= job->W->rows) break;
+                lp_tile tile = {
+                    .nr = (int)(job->W->rows - r < LP_TILE_ROWS ? job->W->rows - r : LP_TILE_ROWS),
+                    .x = job->X + c0,
+                    .x_stride = job->x_stride,
+                    .n_batch = job->nb,
+                    .n = n,
+                    .y = job->Y + r,
+                    .y_stride = job->y_stride,
+                    .accumulate = c0 > 0,
+                };
+                for (int i = 0; i < LP_TILE_ROWS; i++) tile.w[i] = buf[t * LP_TILE_ROWS + (i < tile.nr ? i : tile.nr - 1)];
+                lp_run_tile_f32(job->k->level, &tile);
+            }
+        }
+    }
+}
+
+/* Called by lp_matmul for LP_W4/LP_W8. Returns false for a malformed
+ * weight (the caller zeroes Y). */
+bool lp_matmul_packed(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W, const float *X,
+                      int64_t x_stride, int64_t n_batch, float *Y, int64_t y_stride) {
+    int_job job = {.k = k, .W = W, .X = X, .x_stride = x_stride, .Y = Y, .y_stride = y_stride};
+    if (!lp_packed_geometry(W->type, W->rows, W->cols, W->group, &job.geom)) return false;
+    /* Small jobs run on the calling thread: waking the pool costs more. */
+    bool small = W->rows <= LP_PANEL || (double)W->rows * (double)W->cols * (double)n_batch < 65536.0;
+    lp_threadpool *gemm_pool = small ? NULL : pool;
+    size_t per_row = act_row_bytes(W->cols, job.geom.groups);
+    int64_t slice = k->scratch ? (int64_t)(k->scratch_bytes / per_row) : 0;
+    if (!k->int8_activations || slice == 0) {
+        job.nb = n_batch;
+        lp_threadpool_run(gemm_pool, float_worker, &job);
+        return true;
+    }
+    for (int64_t b0 = 0; b0 < n_batch; b0 += slice) {
+        job.nb = n_batch - b0 < slice ? n_batch - b0 : slice;
+        job.X = X + b0 * x_stride;
+        job.Y = Y + b0 * y_stride;
+        uint8_t *s = k->scratch;
+        job.a.q_stride = round64(W->cols);
+        job.a.groups = job.geom.groups;
+        job.a.q = (int8_t *)s;
+        job.a.d = (float *)(s + (size_t)job.nb * (size_t)job.a.q_stride);
+        job.a.corr = (int32_t *)(job.a.d + job.nb * job.a.groups);
+        /* Quantizing one or two rows is quicker than a pool round trip. */
+        lp_threadpool_run(job.nb >= 4 ? gemm_pool : NULL, quant_worker, &job);
+        lp_threadpool_run(gemm_pool, gemm_worker, &job);
+    }
+    return true;
+}
+
+void lp_matmul_ref_packed(const lp_weight *W, const float *X, int64_t x_stride, int64_t n_batch, float *Y,
+                          int64_t y_stride) {
+    lp_packed_geom g;
+    bool ok = lp_packed_geometry(W->type, W->rows, W->cols, W->group, &g);
+    float buf[LP_CHUNK];
+    for (int64_t r = 0; r < W->rows; r++)
+        for (int64_t b = 0; b < n_batch; b++) {
+            double sum = 0;
+            for (int64_t c0 = 0; ok && c0 < W->cols; c0 += LP_CHUNK) {
+                int64_t n = W->cols - c0 < LP_CHUNK ? W->cols - c0 : LP_CHUNK;
+                lp_packed_dequant_row(W->type, &g, W->data, r, c0, n, buf);
+                for (int64_t i = 0; i < n; i++) sum += (double)buf[i] * (double)X[b * x_stride + c0 + i];
+            }
+            Y[b * y_stride + r] = (float)sum;
+        }
+}

@@ -1,0 +1,115 @@
+/* AVX2 integer GEMM for LP_W4 / LP_W8 (layout: intpack.c), for CPUs
+ * without AVX-512 VNNI. A 64-byte chunk is two ymm halves of 8 rows x 4
+ * inputs.
+ *
+ * W4: maddubs(unsigned biased code 0..15, int8 x) gives pair sums within
+ * +-3810, so 8 of them (4 chunks = 32 inputs) add up in int16 without
+ * overflow (+-30480) before one madd widens them to int32; the group sum
+ * starts at the bias correction as in the VNNI kernel.
+ * W8: codes are re-signed (xor 0x80) and multiplied with the sign trick,
+ * maddubs(|w|, sign(x, w)), whose pair sums stay within +-32512; no bias
+ * correction is needed. Results equal the reference bit for bit. */
+#include "kernels_internal.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define AVX2 __attribute__((target("avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+static inline int32_t load4(const int8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
+}
+
+AVX2 INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m256 lo, __m256 hi) {
+    float *y = g->y + b * g->y_stride + p * LP_PANEL;
+    int64_t left = g->rows - p * LP_PANEL;
+    if (left >= LP_PANEL) {
+        _mm256_storeu_ps(y, lo);
+        _mm256_storeu_ps(y + 8, hi);
+        return;
+    }
+    _Alignas(32) float tmp[16];
+    _mm256_store_ps(tmp, lo);
+    _mm256_store_ps(tmp + 8, hi);
+    for (int64_t i = 0; i < left; i++) y[i] = tmp[i];
+}
+
+/* One panel x B batch rows (B <= 2: 2 halves x B x (int + float) = 8 ymm). */
+AVX2 INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int64_t b0, int B) {
+    const lp_packed_geom *ge = &g->geom;
+    const lp_qact *a = g->a;
+    const int G = ge->group;
+    const int64_t groups = ge->groups, qs = a->q_stride;
+    const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
+    const uint8_t *codes = panel + (size_t)groups * 32;
+    const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+    __m256 accf[2][2];
+    for (int h = 0; h < 2; h++)
+        for (int b = 0; b < B; b++) accf[h][b] = _mm256_setzero_ps();
+    for (int64_t gi = 0; gi < groups; gi++) {
+        __m256i acc[2][2];
+        const int8_t *xg = a->q + b0 * qs + gi * G;
+        const uint8_t *cg = codes + (size_t)gi * ge->code_bytes;
+        if (w4) {
+            for (int b = 0; b < B; b++) acc[0][b] = acc[1][b] = _mm256_set1_epi32(a->corr[(b0 + b) * groups + gi]);
+            for (int k0 = 0; k0 < G / 8; k0 += 4) {
+                __m256i s16[2][2];
+                for (int h = 0; h < 2; h++)
+                    for (int b = 0; b < B; b++) s16[h][b] = _mm256_setzero_si256();
+                for (int k = k0; k < k0 + 4; k++)
+                    for (int h = 0; h < 2; h++) {
+                        __m256i raw = _mm256_loadu_si256((const __m256i *)(cg + 64 * k + 32 * h));
+                        __m256i lo = _mm256_and_si256(raw, m4);
+                        __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
+                        for (int b = 0; b < B; b++) {
+                            const int8_t *x = xg + b * qs + 8 * k;
+                            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(x))),
+                                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(x + 4))));
+                            s16[h][b] = _mm256_add_epi16(s16[h][b], t);
+                        }
+                    }
+                for (int h = 0; h < 2; h++)
+                    for (int b = 0; b < B; b++)
+                        acc[h][b] = _mm256_add_epi32(acc[h][b], _mm256_madd_epi16(s16[h][b], ones));
+            }
+        } else {
+            for (int b = 0; b < B; b++) acc[0][b] = acc[1][b] = _mm256_setzero_si256();
+            for (int k = 0; k < G / 4; k++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(cg + 64 * k + 32 * h)), bias);
+                    __m256i aw = _mm256_abs_epi8(w);
+                    for (int b = 0; b < B; b++) {
+                        __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(load4(xg + b * qs + 4 * k)), w);
+                        acc[h][b] = _mm256_add_epi32(acc[h][b], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
+                    }
+                }
+        }
+        for (int h = 0; h < 2; h++) {
+            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(panel + (size_t)gi * 32 + 16 * h)));
+            for (int b = 0; b < B; b++) {
+                __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[(b0 + b) * groups + gi]));
+                accf[h][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][b]), dwdx, accf[h][b]);
+            }
+        }
+    }
+    for (int b = 0; b < B; b++) store_rows(g, p, b0 + b, accf[0][b], accf[1][b]);
+}
+
+AVX2 INLINE void gemm(const lp_igemm *g, bool w4) {
+    for (int64_t p = g->p0; p < g->p1; p++) {
+        int64_t b0 = 0;
+        for (; b0 + 2 <= g->nb; b0 += 2) tile(g, w4, p, b0, 2);
+        if (b0 < g->nb) tile(g, w4, p, b0, 1);
+    }
+}
+
+AVX2 void lp_w4_gemm_avx2(const lp_igemm *g) { gemm(g, true); }
+AVX2 void lp_w8_gemm_avx2(const lp_igemm *g) { gemm(g, false); }
+
+#else
+typedef int lp_no_int_avx2_on_this_target; /* keep the translation unit non-empty */
+#endif

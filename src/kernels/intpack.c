@@ -1,0 +1,299 @@
+/* Packed integer weights: LP_W4 and LP_W8.
+ *
+ * Both are symmetric: value = q * d with one f16 scale d per `group`
+ * consecutive elements of a row (W4: q in [-8, 7], group 32/64/128;
+ * W8: q in [-128, 127], group a multiple of 32 dividing cols, group = cols
+ * for per-row scales).
+ *
+ * Layout (all little-endian). Rows are packed in PANELS of 16; the last
+ * panel is padded with zero rows (scale 0, q = 0). With G = group and
+ * NG = cols / G, a panel is
+ *
+ *     scales: NG blocks of 16 f16 (32 bytes): block g, entry l = scale of
+ *             group g of row 16p + l
+ *     codes:  NG blocks of C bytes (C = 8G for W4, 16G for W8), block g
+ *             made of 64-byte chunks, each holding 16 rows x 4 bytes:
+ *             byte 4l + j of a chunk belongs to row 16p + l.
+ *       W4 chunk k (G/8 per group): low nibble of byte 4l+j = q + 8 of
+ *             element gG + 8k + j, high nibble = q + 8 of element
+ *             gG + 8k + 4 + j  (j < 4).
+ *       W8 chunk k (G/4 per group): byte 4l+j = q + 128 of element
+ *             gG + 4k + j.
+ *
+ * so panel bytes = NG * (32 + C) and the matrix is ceil(rows/16) panels
+ * back to back. Why: a 64-byte chunk is exactly one zmm whose 16 dword
+ * lanes are 16 output rows and whose 4 bytes per lane are 4 consecutive
+ * inputs, the operand shape of vpdpbusd (and of NEON sdot on 4 rows x 4
+ * inputs per q register); codes are stored biased (unsigned) because
+ * vpdpbusd/maddubs want unsigned x signed, and the bias is cancelled
+ * exactly per group from the activation side (see lp_qact). A decode
+ * matmul reads each thread's panels front to back: one linear stream. */
+#include "kernels_internal.h"
+
+#include <math.h>
+#include <string.h>
+
+static inline float read_f16(const uint8_t *p) {
+    return lp_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
+}
+
+static inline void write_f16(uint8_t *p, uint16_t h) {
+    p[0] = (uint8_t)(h & 0xff);
+    p[1] = (uint8_t)(h >> 8);
+}
+
+static inline int clamp_round(float v, int lo, int hi) {
+    float r = roundf(v);
+    if (!(r >= (float)lo)) return lo; /* also catches NaN */
+    if (r > (float)hi) return hi;
+    return (int)r;
+}
+
+bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp_packed_geom *g) {
+    if (group == 0) group = 32;
+    if (rows < 0 || cols <= 0 || group <= 0 || cols % group != 0) return false;
+    size_t code_bytes;
+    if (type == LP_W4) {
+        if (group != 32 && group != 64 && group != 128) return false;
+        code_bytes = 8 * (size_t)group;
+    } else if (type == LP_W8) {
+        if (group % 32 != 0) return false;
+        code_bytes = 16 * (size_t)group;
+    } else {
+        return false;
+    }
+    g->panels = (rows + LP_PANEL - 1) / LP_PANEL;
+    g->groups = cols / group;
+    g->group = group;
+    g->code_bytes = code_bytes;
+    size_t per_group = 32 + code_bytes;
+    if (!lp_mul_ok(per_group, (size_t)g->groups, &g->panel_bytes)) return false;
+    size_t total;
+    return lp_mul_ok(g->panel_bytes, (size_t)g->panels, &total);
+}
+
+size_t lp_pack_bytes(uint32_t type, int64_t rows, int64_t cols, int group) {
+    lp_packed_geom g;
+    if (!lp_packed_geometry(type, rows, cols, group, &g)) return 0;
+    return g.panel_bytes * (size_t)g.panels;
+}
+
+lp_weight lp_packed_weight(uint32_t type, int group, int64_t rows, int64_t cols, const void *data) {
+    lp_weight w = {type, rows, cols, 0, data, group ? group : 32};
+    if (rows > 0) w.row_bytes = lp_pack_bytes(type, rows, cols, group) / (size_t)rows;
+    return w;
+}
+
+/* ---- reading single codes --------------------------------------------------------- */
+
+static inline const uint8_t *panel_ptr(const lp_packed_geom *g, const uint8_t *data, int64_t p) {
+    return data + (size_t)p * g->panel_bytes;
+}
+
+static inline float scale_of(const lp_packed_geom *g, const uint8_t *panel, int64_t grp, int lane) {
+    return read_f16(panel + (size_t)grp * 32 + 2 * (size_t)lane);
+}
+
+/* Columns [c0, c0+n) of one row (lane) of a panel; c0 and n multiples of 8. */
+static void dequant_lane(uint32_t type, const lp_packed_geom *g, const uint8_t *panel, int lane, int64_t c0,
+                         int64_t n, float *o) {
+    const uint8_t *codes0 = panel + (size_t)g->groups * 32;
+    for (int64_t c = c0; c < c0 + n; c += 8) {
+        int64_t grp = c / g->group;
+        int i = (int)(c % g->group);
+        float d = scale_of(g, panel, grp, lane);
+        const uint8_t *codes = codes0 + (size_t)grp * g->code_bytes;
+        float *dst = o + (c - c0);
+        if (type == LP_W4) {
+            const uint8_t *b = codes + 64 * (i / 8) + 4 * lane;
+            for (int j = 0; j < 4; j++) {
+                dst[j] = (float)((b[j] & 0x0f) - 8) * d;
+                dst[j + 4] = (float)((b[j] >> 4) - 8) * d;
+            }
+        } else {
+            const uint8_t *b = codes + 64 * (i / 4) + 4 * lane;
+            for (int j = 0; j < 4; j++) {
+                dst[j] = (float)((int)b[j] - 128) * d;
+                dst[j + 4] = (float)((int)b[j + 64] - 128) * d;
+            }
+        }
+    }
+}
+
+void lp_packed_dequant_panel(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t p,
+                             int64_t c0, int64_t n, float *out, int64_t out_stride) {
+    const uint8_t *panel = panel_ptr(g, data, p);
+    for (int lane = 0; lane < LP_PANEL; lane++) dequant_lane(type, g, panel, lane, c0, n, out + lane * out_stride);
+}
+
+void lp_packed_dequant_row(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t row,
+                           int64_t c0, int64_t n, float *out) {
+    dequant_lane(type, g, panel_ptr(g, data, row / LP_PANEL), (int)(row % LP_PANEL), c0, n, out);
+}
+
+void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst) {
+    lp_packed_geom g;
+    if (w->type == LP_W4 || w->type == LP_W8) {
+        if (!lp_packed_geometry(w->type, w->rows, w->cols, w->group, &g) || row < 0 || row >= w->rows) {
+            memset(dst, 0, (size_t)w->cols * sizeof(float));
+            return;
+        }
+        lp_packed_dequant_row(w->type, &g, w->data, row, 0, w->cols, dst);
+        return;
+    }
+    lp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)row * w->row_bytes, dst, w->cols);
+}
+
+/* ---- writing ---------------------------------------------------------------------------- */
+
+static inline void put_code(uint32_t type, const lp_packed_geom *g, uint8_t *panel, int64_t grp, int lane,
+                            int i, int q) {
+    uint8_t *codes = panel + (size_t)g->groups * 32 + (size_t)grp * g->code_bytes;
+    if (type == LP_W4) {
+        uint8_t *byte = &codes[64 * (i / 8) + 4 * lane + (i % 4)];
+        uint8_t nib = (uint8_t)(q + 8);
+        *byte = (i % 8) < 4 ? (uint8_t)((*byte & 0xf0) | nib) : (uint8_t)((*byte & 0x0f) | (nib << 4));
+    } else {
+        codes[64 * (i / 4) + 4 * lane + (i % 4)] = (uint8_t)(q + 128);
+    }
+}
+
+/* Padding rows must decode to 0 with any scale: codes = bias, scales 0. */
+static void init_panels(uint32_t type, const lp_packed_geom *g, uint8_t *dst) {
+    for (int64_t p = 0; p < g->panels; p++) {
+        uint8_t *panel = dst + (size_t)p * g->panel_bytes;
+        memset(panel, 0, (size_t)g->groups * 32);
+        memset(panel + (size_t)g->groups * 32, type == LP_W4 ? 0x88 : 0x80, (size_t)g->groups * g->code_bytes);
+    }
+}
+
+/* Scales are stored as f16: keep them finite. */
+static uint16_t scale_to_f16(float d) { return lp_f32_to_f16(fminf(d, 65504.0f)); }
+
+/* Codes for x against a given scale d; returns the squared error. */
+static float quantize_with(const float *x, int n, float d, int lo, int hi, int8_t *q) {
+    float id = d != 0 ? 1.0f / d : 0.0f, err = 0;
+    for (int i = 0; i < n; i++) {
+        q[i] = (int8_t)clamp_round(x[i] * id, lo, hi);
+        float e = x[i] - d * (float)q[i];
+        err += e * e;
+    }
+    return err;
+}
+
+/* W4 group: the plain choice maps the element of largest magnitude to -8
+ * (as Q4_0 does). The search also tries other divisors near 8 on both
+ * signs, and for each rounding pattern the least-squares scale
+ * sum(x q) / sum(q q); the best squared error after rounding the scale to
+ * f16 wins. */
+static uint16_t quantize_w4_group(const float *x, int n, bool search, int8_t *q) {
+    if (n <= 0 || n > 128) return 0; /* groups are 32, 64 or 128 */
+    float amax = 0, m = 0;
+    for (int i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) {
+            amax = fabsf(x[i]);
+            m = x[i];
+        }
+    if (!(amax > 0) || !isfinite(amax)) {
+        memset(q, 0, (size_t)n);
+        return 0;
+    }
+    uint16_t best_h = scale_to_f16(m / -8.0f);
+    float best_err = quantize_with(x, n, lp_f16_to_f32(best_h), -8, 7, q);
+    if (!search) return best_h;
+    int8_t trial[128];
+    for (int side = 0; side < 2; side++)
+        for (int step = -6; step <= 12; step++) {
+            /* the extreme element lands on about -8 (side 0) or +7 (side 1) */
+            float target = side == 0 ? -8.0f - 0.1f * (float)step : 7.0f + 0.1f * (float)step;
+            float id = target / m;
+            double sxq = 0, sqq = 0;
+            for (int i = 0; i < n; i++) {
+                int c = clamp_round(x[i] * id, -8, 7);
+                sxq += (double)x[i] * c;
+                sqq += (double)c * c;
+            }
+            if (sqq <= 0) continue;
+            /* two rounds of: least-squares scale, then re-round against it */
+            for (int round = 0; round < 2 && sqq > 0; round++) {
+                uint16_t h = scale_to_f16((float)(sxq / sqq));
+                float err = quantize_with(x, n, lp_f16_to_f32(h), -8, 7, trial);
+                if (err < best_err) {
+                    best_err = err;
+                    best_h = h;
+                    memcpy(q, trial, (size_t)n);
+                }
+                sxq = sqq = 0;
+                for (int i = 0; i < n; i++) {
+                    sxq += (double)x[i] * trial[i];
+                    sqq += (double)trial[i] * trial[i];
+                }
+            }
+        }
+    return best_h;
+}
+
+int lp_pack_weight_ex(uint32_t type, int group, const float *src, int64_t rows, int64_t cols, void *dst,
+                      bool search) {
+    lp_packed_geom g;
+    if (!lp_packed_geometry(type, rows, cols, group, &g)) return -1;
+    uint8_t *out = dst;
+    init_panels(type, &g, out);
+    int8_t q[128];
+    for (int64_t r = 0; r < rows; r++) {
+        uint8_t *panel = out + (size_t)(r / LP_PANEL) * g.panel_bytes;
+        int lane = (int)(r % LP_PANEL);
+        for (int64_t grp = 0; grp < g.groups; grp++) {
+            const float *x = src + r * cols + grp * g.group;
+            /* W8 groups can be a whole row: quantize in pieces of 128
+             * against the group's scale. */
+            uint16_t h;
+            if (type == LP_W4) {
+                h = quantize_w4_group(x, g.group, search, q);
+                for (int i = 0; i < g.group; i++) put_code(type, &g, panel, grp, lane, i, q[i]);
+            } else {
+                float amax = 0;
+                for (int i = 0; i < g.group; i++) amax = fmaxf(amax, fabsf(x[i]));
+                h = isfinite(amax) ? scale_to_f16(amax / 127.0f) : 0;
+                float d = lp_f16_to_f32(h);
+                for (int i0 = 0; i0 < g.group; i0 += 128) {
+                    int n = g.group - i0 < 128 ? g.group - i0 : 128;
+                    if (d > 0) quantize_with(x + i0, n, d, -127, 127, q);
+                    else memset(q, 0, (size_t)n);
+                    for (int i = 0; i < n; i++) put_code(type, &g, panel, grp, lane, i0 + i, q[i]);
+                }
+            }
+            write_f16(panel + (size_t)grp * 32 + 2 * (size_t)lane, h);
+        }
+    }
+    return 0;
+}
+
+int lp_pack_weight(uint32_t type, int group, const float *src, int64_t rows, int64_t cols, void *dst) {
+    return lp_pack_weight_ex(type, group, src, rows, cols, dst, true);
+}
+
+int lp_pack_from_gguf(uint32_t gguf_type, const void *src, int64_t rows, int64_t cols, void *dst,
+                      uint32_t *packed_type) {
+    uint32_t type = gguf_type == LP_Q4_0 ? LP_W4 : gguf_type == LP_Q8_0 ? LP_W8 : 0;
+    lp_packed_geom g;
+    if (!type || !lp_packed_geometry(type, rows, cols, 32, &g)) return -1;
+    size_t row_bytes = lp_dtype_row_bytes(gguf_type, (uint64_t)cols), block = type == LP_W4 ? 18 : 34;
+    uint8_t *out = dst;
+    init_panels(type, &g, out);
+    for (int64_t r = 0; r < rows; r++) {
+        const uint8_t *row = (const uint8_t *)src + (size_t)r * row_bytes;
+        uint8_t *panel = out + (size_t)(r / LP_PANEL) * g.panel_bytes;
+        int lane = (int)(r % LP_PANEL);
+        for (int64_t grp = 0; grp < g.groups; grp++) {
+            const uint8_t *b = row + (size_t)grp * block;
+            memcpy(panel + (size_t)grp * 32 + 2 * (size_t)lane, b, 2); /* same f16 scale bits */
+            for (int i = 0; i < 32; i++) {
+                int q = type == LP_W4 ? ((i < 16 ? b[2 + i] & 0x0f : b[2 + i - 16] >> 4) - 8) : (int8_t)b[2 + i];
+                put_code(type, &g, panel, grp, lane, i, q);
+            }
+        }
+    }
+    *packed_type = type;
+    return 0;
+}

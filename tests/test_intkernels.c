@@ -1,0 +1,356 @@
+/* Packed integer weights (LP_W4, LP_W8) and the W4A8/W8A8 matmul:
+ * geometry, pack -> dequantize round trips, lossless GGUF Q4_0/Q8_0 repack,
+ * quantization error bounds, every integer kernel level bit-identical to the
+ * C reference, lp_matmul against the double-precision lp_matmul_ref within
+ * the bound implied by int8 activations, the W4A16 float path, batch
+ * slicing when the scratch is small, odd shapes, 1 and 2 threads. */
+#include "check.h"
+#include "kernels/kernels.h"
+#include "kernels/kernels_internal.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+static float *rand_normal(lp_rng *rng, int64_t n, float scale) {
+    float *x = malloc((size_t)n * sizeof(float));
+    for (int64_t i = 0; i < n; i++) x[i] = lp_rng_normal(rng) * scale;
+    return x;
+}
+
+/* ---- geometry ------------------------------------------------------------------------ */
+
+static void test_geometry(void) {
+    CHECK(lp_pack_bytes(LP_W4, 16, 64, 32) == 2 * (32 + 256));
+    CHECK(lp_pack_bytes(LP_W4, 17, 64, 0) == 2 * 2 * (32 + 256)); /* 0 = group 32; 2 panels */
+    CHECK(lp_pack_bytes(LP_W4, 16, 128, 128) == 32 + 1024);
+    CHECK(lp_pack_bytes(LP_W8, 1, 96, 96) == 32 + 16 * 96); /* per-row scales */
+    CHECK(lp_pack_bytes(LP_W4, 16, 64, 48) == 0);
+    CHECK(lp_pack_bytes(LP_W4, 16, 96, 64) == 0);  /* cols not a multiple of group */
+    CHECK(lp_pack_bytes(LP_W8, 16, 96, 48) == 0);
+    CHECK(lp_pack_bytes(LP_Q4_0, 16, 64, 32) == 0);
+    CHECK(lp_pack_bytes(LP_W4, 16, 0, 32) == 0);
+    CHECK(lp_pack_bytes(LP_W4, INT64_MAX / 2, 1 << 20, 32) == 0); /* overflow */
+    CHECK(strcmp(lp_dtype_name(LP_W4), "W4") == 0 && strcmp(lp_dtype_name(LP_W8), "W8") == 0);
+    CHECK(lp_dtype_get(66) == NULL && lp_dtype_get(63) == NULL);
+    /* at group 32 the per-row average equals Q4_0's / Q8_0's row bytes */
+    CHECK(lp_pack_bytes(LP_W4, 32, 2048, 32) / 32 == lp_dtype_row_bytes(LP_W4, 2048));
+    CHECK(lp_dtype_row_bytes(LP_W4, 2048) == lp_dtype_row_bytes(LP_Q4_0, 2048));
+    CHECK(lp_pack_bytes(LP_W8, 32, 2048, 32) / 32 == lp_dtype_row_bytes(LP_Q8_0, 2048));
+    float src[64] = {0};
+    uint8_t dst[64];
+    CHECK(lp_pack_weight(LP_W4, 48, src, 1, 64, dst) == -1);
+    uint32_t t;
+    CHECK(lp_pack_from_gguf(LP_Q4_K, src, 1, 256, dst, &t) == -1);
+}
+
+/* ---- round trips ------------------------------------------------------------------------ */
+
+/* Values exactly q * d with f16 d and a group extreme at -8 (W4) or +-127
+ * (W8) decode back exactly, with or without the scale search. */
+static void test_exact_roundtrip(void) {
+    lp_rng rng;
+    lp_rng_seed(&rng, 7);
+    const int64_t rows = 37, cols = 256;
+    float *src = malloc((size_t)(rows * cols) * sizeof(float));
+    float *row = malloc((size_t)cols * sizeof(float));
+    static const int groups_w4[] = {32, 64, 128};
+    for (int type = 0; type < 2; type++)
+        for (int gi = 0; gi < 3; gi++) {
+            uint32_t ty = type == 0 ? LP_W4 : LP_W8;
+            int group = type == 0 ? groups_w4[gi] : (gi == 2 ? (int)cols : groups_w4[gi]);
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t g0 = 0; g0 < cols; g0 += group) {
+                    float d = lp_f16_to_f32(lp_f32_to_f16(0.001f + 0.01f * lp_rng_uniform(&rng)));
+                    for (int i = 0; i < group; i++) {
+                        int q = type == 0 ? (int)(lp_rng_u64(&rng) % 16) - 8 : (int)(lp_rng_u64(&rng) % 255) - 127;
+                        src[r * cols + g0 + i] = (float)q * d;
+                    }
+                    src[r * cols + g0 + (int)(lp_rng_u64(&rng) % (uint64_t)group)] = (type == 0 ? -8.0f : 127.0f) * d;
+                }
+            memset(src + 5 * cols, 0, (size_t)cols * sizeof(float)); /* an all-zero row */
+            size_t bytes = lp_pack_bytes(ty, rows, cols, group);
+            uint8_t *packed = malloc(bytes);
+            for (int search = 0; search < 2; search++) {
+                CHECK(lp_pack_weight_ex(ty, group, src, rows, cols, packed, search) == 0);
+                lp_weight w = lp_packed_weight(ty, group, rows, cols, packed);
+                int bad = 0;
+                for (int64_t r = 0; r < rows; r++) {
+                    lp_weight_dequantize_row(&w, r, row);
+                    for (int64_t c = 0; c < cols; c++) bad += row[c] != src[r * cols + c];
+                }
+                CHECK_MSG(bad == 0, "%s group %d search %d: %d values differ", lp_dtype_name(ty), group, search, bad);
+            }
+            free(packed);
+        }
+    free(src);
+    free(row);
+}
+
+/* GGUF Q4_0 / Q8_0 repack is lossless: every row decodes to the same bits as
+ * lp_dequantize_row of the original blocks. */
+static void test_gguf_repack(void) {
+    lp_rng rng;
+    lp_rng_seed(&rng, 11);
+    const int64_t rows = 45, cols = 192;
+    float *src = rand_normal(&rng, rows * cols, 0.05f);
+    float *a = malloc((size_t)cols * sizeof(float)), *b = malloc((size_t)cols * sizeof(float));
+    static const uint32_t types[] = {LP_Q4_0, LP_Q8_0};
+    for (int t = 0; t < 2; t++) {
+        size_t rb = lp_dtype_row_bytes(types[t], (uint64_t)cols);
+        uint8_t *gg = malloc(rb * (size_t)rows);
+        for (int64_t r = 0; r < rows; r++) lp_quantize_row(types[t], src + r * cols, gg + (size_t)r * rb, cols);
+        gg[3] = 0x80; /* a Q8_0 code of -128 (or any Q4_0 nibbles) must survive too */
+        uint32_t packed_type = 0;
+        size_t bytes = lp_pack_bytes(t == 0 ? LP_W4 : LP_W8, rows, cols, 32);
+        uint8_t *packed = malloc(bytes);
+        CHECK(lp_pack_from_gguf(types[t], gg, rows, cols, packed, &packed_type) == 0);
+        CHECK(packed_type == (t == 0 ? LP_W4 : LP_W8));
+        lp_weight w = lp_packed_weight(packed_type, 32, rows, cols, packed);
+        lp_weight wg = {types[t], rows, cols, rb, gg, 0};
+        int bad = 0;
+        for (int64_t r = 0; r < rows; r++) {
+            lp_dequantize_row(types[t], gg + (size_t)r * rb, a, cols);
+            lp_weight_dequantize_row(&w, r, b);
+            bad += memcmp(a, b, (size_t)cols * sizeof(float)) != 0;
+            lp_weight_dequantize_row(&wg, r, b); /* old types work through it too */
+            bad += memcmp(a, b, (size_t)cols * sizeof(float)) != 0;
+        }
+        CHECK_MSG(bad == 0, "%s repack: %d rows differ", lp_dtype_name(types[t]), bad);
+        free(gg);
+        free(packed);
+    }
+    free(src);
+    free(a);
+    free(b);
+}
+
+/* Error bounds on normal weights: plain W4 is within one step d of every
+ * value (the clamp at +7 can cost a full step), the search never has a
+ * larger squared error than the plain choice, W8 is within d/2. */
+static void test_error_bounds(void) {
+    lp_rng rng;
+    lp_rng_seed(&rng, 3);
+    const int64_t rows = 20, cols = 512;
+    float *src = rand_normal(&rng, rows * cols, 0.02f);
+    float *row = malloc((size_t)cols * sizeof(float));
+    static const int groups[] = {32, 64, 128};
+    for (int gi = 0; gi < 3; gi++) {
+        int group = groups[gi];
+        double sse[2] = {0, 0};
+        int bad = 0;
+        for (int search = 0; search < 2; search++) {
+            uint8_t *packed = malloc(lp_pack_bytes(LP_W4, rows, cols, group));
+            lp_pack_weight_ex(LP_W4, group, src, rows, cols, packed, search);
+            lp_weight w = lp_packed_weight(LP_W4, group, rows, cols, packed);
+            for (int64_t r = 0; r < rows; r++) {
+                lp_weight_dequantize_row(&w, r, row);
+                for (int64_t g0 = 0; g0 < cols; g0 += group) {
+                    float amax = 0;
+                    for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(src[r * cols + g0 + i]));
+                    float d = amax / 8.0f;
+                    for (int i = 0; i < group; i++) {
+                        float e = row[g0 + i] - src[r * cols + g0 + i];
+                        sse[search] += (double)e * e;
+                        if (!search) bad += fabsf(e) > d * 1.002f;
+                    }
+                }
+            }
+            free(packed);
+        }
+        CHECK_MSG(bad == 0, "W4 g%d plain: %d errors above one step", group, bad);
+        CHECK_MSG(sse[1] <= sse[0], "W4 g%d: search %g > plain %g", group, sse[1], sse[0]);
+        CHECK_MSG(sse[1] < 0.97 * sse[0], "W4 g%d: search gains too little (%g vs %g)", group, sse[1], sse[0]);
+    }
+    for (int per_row = 0; per_row < 2; per_row++) {
+        int group = per_row ? (int)cols : 32, bad = 0;
+        uint8_t *packed = malloc(lp_pack_bytes(LP_W8, rows, cols, group));
+        lp_pack_weight(LP_W8, group, src, rows, cols, packed);
+        lp_weight w = lp_packed_weight(LP_W8, group, rows, cols, packed);
+        for (int64_t r = 0; r < rows; r++) {
+            lp_weight_dequantize_row(&w, r, row);
+            for (int64_t g0 = 0; g0 < cols; g0 += group) {
+                float amax = 0;
+                for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(src[r * cols + g0 + i]));
+                for (int i = 0; i < group; i++)
+                    bad += fabsf(row[g0 + i] - src[r * cols + g0 + i]) > amax / 127.0f * 0.502f;
+            }
+        }
+        CHECK_MSG(bad == 0, "W8 group %d: %d errors above half a step", group, bad);
+        free(packed);
+    }
+    free(src);
+    free(row);
+}
+
+/* ---- matmul ----------------------------------------------------------------------------- */
+
+typedef struct int_level_setup {
+    lp_kernels k;
+} int_level_setup;
+
+/* Every integer level this CPU can run, reference first. */
+static int int_levels(int_level_setup out[4]) {
+    lp_cpu_features cpu;
+    lp_cpu_detect(&cpu);
+    int n = 0;
+    lp_kernels_init_reference(&out[n++].k);
+    lp_kernels best;
+    lp_kernels_init(&best, &cpu);
+#if defined(__x86_64__)
+    if (cpu.avx2 && cpu.fma && cpu.f16c) {
+        lp_kernels_init(&out[n].k, &cpu);
+        out[n++].k.int_level = LP_INT_AVX2;
+    }
+#endif
+    if (best.int_level != LP_INT_REF && best.int_level != LP_INT_AVX2) out[n++].k = best;
+    return n;
+}
+
+/* |y - exact| bound from int8 activations: each x moves by at most half a
+ * step d_x/2 of its group, times |w|; plus float rounding slack. */
+static double act_bound(const float *wrow, const float *x, int64_t cols, int group) {
+    double bound = 0, mag = 0;
+    for (int64_t g0 = 0; g0 < cols; g0 += group) {
+        float amax = 0;
+        double wsum = 0;
+        for (int i = 0; i < group; i++) {
+            amax = fmaxf(amax, fabsf(x[g0 + i]));
+            wsum += fabs(wrow[g0 + i]);
+            mag += fabs((double)wrow[g0 + i] * x[g0 + i]);
+        }
+        bound += wsum * amax / 127.0 * 0.5;
+    }
+    return bound * 1.01 + 1e-5 * mag + 1e-30;
+}
+
+typedef struct mm_case {
+    uint32_t type;
+    int group;
+    int64_t rows, cols;
+} mm_case;
+
+static void test_matmul(void) {
+    lp_rng rng;
+    lp_rng_seed(&rng, 5);
+    lp_error err;
+    lp_threadpool *pool2 = lp_threadpool_create(2, &err);
+    CHECK(pool2 != NULL);
+    int_level_setup levels[4];
+    int n_levels = int_levels(levels);
+    for (int l = 0; l < n_levels; l++) {
+        CHECK(lp_kernels_reserve(&levels[l].k, 64, 1024, &err) == 0);
+        printf("integer kernel level: %s\n", lp_int_level_name(levels[l].k.int_level));
+    }
+    static const mm_case cases[] = {
+        {LP_W4, 32, 37, 96},  {LP_W4, 64, 16, 128}, {LP_W4, 128, 100, 256}, {LP_W4, 32, 1, 32},
+        {LP_W4, 32, 70, 320}, {LP_W8, 32, 37, 96},  {LP_W8, 96, 21, 96},    {LP_W8, 256, 100, 256},
+        {LP_W8, 64, 48, 192},
+    };
+    static const int64_t batches[] = {1, 3, 17, 64};
+    const int64_t max_b = 64, max_c = 320, max_r = 103; /* rows + 3 of stride slack */
+    float *X = rand_normal(&rng, max_b * max_c, 1.0f);
+    for (int64_t i = 0; i < max_c; i += 7) X[i] *= 20.0f; /* activation outliers */
+    float *Y = malloc((size_t)(max_b * max_r) * sizeof(float)), *Yref = malloc((size_t)(max_b * max_r) * sizeof(float));
+    float *Y0 = malloc((size_t)(max_b * max_r) * sizeof(float));
+    float *wrow = malloc((size_t)max_c * sizeof(float));
+    for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
+        const mm_case *mc = &cases[c];
+        float *wf = rand_normal(&rng, mc->rows * mc->cols, 0.05f);
+        uint8_t *packed = malloc(lp_pack_bytes(mc->type, mc->rows, mc->cols, mc->group));
+        CHECK(lp_pack_weight(mc->type, mc->group, wf, mc->rows, mc->cols, packed) == 0);
+        lp_weight W = lp_packed_weight(mc->type, mc->group, mc->rows, mc->cols, packed);
+        const char *tn = lp_dtype_name(mc->type);
+        for (size_t bi = 0; bi < sizeof batches / sizeof batches[0]; bi++) {
+            int64_t nb = batches[bi];
+            /* Y strides wider than rows catch writes past the last row */
+            int64_t ys = mc->rows + 3;
+            lp_matmul_ref(&W, X, mc->cols, nb, Yref, ys);
+            int bad_bound = 0;
+            for (int l = 0; l < n_levels; l++)
+                for (int threads = 1; threads <= 2; threads++) {
+                    for (int64_t i = 0; i < nb * ys; i++) Y[i] = 12345.0f;
+                    lp_matmul(&levels[l].k, threads == 2 ? pool2 : NULL, &W, X, mc->cols, nb, Y, ys);
+                    if (l == 0 && threads == 1) memcpy(Y0, Y, (size_t)(nb * ys) * sizeof(float));
+                    int bad_exact = 0, bad_pad = 0;
+                    for (int64_t b = 0; b < nb; b++)
+                        for (int64_t r = 0; r < ys; r++) {
+                            float got = Y[b * ys + r];
+                            if (r >= mc->rows) bad_pad += got != 12345.0f;
+                            else bad_exact += memcmp(&got, &Y0[b * ys + r], sizeof got) != 0;
+                        }
+                    CHECK_MSG(bad_exact == 0 && bad_pad == 0, "%s g%d %lldx%lld nb %lld level %s threads %d: %d differ from reference, %d padding writes",
+                              tn, mc->group, (long long)mc->rows, (long long)mc->cols, (long long)nb,
+                              lp_int_level_name(levels[l].k.int_level), threads, bad_exact, bad_pad);
+                }
+            for (int64_t r = 0; r < mc->rows; r++) {
+                lp_weight_dequantize_row(&W, r, wrow);
+                for (int64_t b = 0; b < nb; b++) {
+                    double bound = act_bound(wrow, X + b * mc->cols, mc->cols, W.group);
+                    bad_bound += !(fabs(Y0[b * ys + r] - Yref[b * ys + r]) <= bound);
+                }
+            }
+            CHECK_MSG(bad_bound == 0, "%s g%d nb %lld: %d outputs beyond the int8-activation bound", tn, mc->group,
+                      (long long)nb, bad_bound);
+
+            /* W4A16 / W8A16 float path at every float level, and the
+             * no-scratch fallback, against the double reference */
+            for (int l = 0; l < n_levels; l++) {
+                lp_kernels kf = levels[l].k;
+                kf.int8_activations = false;
+                lp_kernels nos = levels[l].k;
+                nos.scratch = NULL;
+                nos.scratch_bytes = 0;
+                const lp_kernels *variants[2] = {&kf, &nos};
+                for (int v = 0; v < 2; v++) {
+                    lp_matmul(variants[v], pool2, &W, X, mc->cols, nb, Y, ys);
+                    int bad = 0;
+                    for (int64_t r = 0; r < mc->rows; r++) {
+                        lp_weight_dequantize_row(&W, r, wrow);
+                        for (int64_t b = 0; b < nb; b++) {
+                            double mag = 0;
+                            for (int64_t i = 0; i < mc->cols; i++) mag += fabs((double)wrow[i] * X[b * mc->cols + i]);
+                            bad += !(fabs(Y[b * ys + r] - Yref[b * ys + r]) <= 1e-5 * mag + 1e-30);
+                        }
+                    }
+                    CHECK_MSG(bad == 0, "%s g%d nb %lld float path (%s): %d off", tn, mc->group, (long long)nb,
+                              v ? "no scratch" : "W4A16", bad);
+                }
+            }
+        }
+        /* scratch for 5 rows: a batch of 17 runs in slices, same bits */
+        lp_kernels small = levels[n_levels - 1].k;
+        small.scratch = NULL;
+        small.scratch_bytes = 0;
+        CHECK(lp_kernels_reserve(&small, 5, mc->cols, &err) == 0);
+        lp_matmul(&small, pool2, &W, X, mc->cols, 17, Y, mc->rows);
+        lp_matmul(&levels[0].k, NULL, &W, X, mc->cols, 17, Y0, mc->rows);
+        CHECK_MSG(memcmp(Y, Y0, (size_t)(17 * mc->rows) * sizeof(float)) == 0, "%s sliced batch differs", tn);
+        lp_kernels_free(&small);
+        free(wf);
+        free(packed);
+    }
+    /* a malformed packed weight (group does not divide cols) gives zeros */
+    uint8_t dummy[64] = {0};
+    lp_weight bad = {LP_W4, 2, 48, 0, dummy, 32};
+    Y[0] = Y[1] = 1.0f;
+    lp_matmul(&levels[0].k, NULL, &bad, X, 48, 1, Y, 2);
+    CHECK(Y[0] == 0.0f && Y[1] == 0.0f);
+    for (int l = 0; l < n_levels; l++) lp_kernels_free(&levels[l].k);
+    CHECK(lp_kernels_reserve(&levels[0].k, 0, 10, &err) == -1);
+    lp_threadpool_destroy(pool2);
+    free(X);
+    free(Y);
+    free(Y0);
+    free(Yref);
+    free(wrow);
+}
+
+int main(void) {
+    test_geometry();
+    test_exact_roundtrip();
+    test_gguf_repack();
+    test_error_bounds();
+    test_matmul();
+    return check_summary("intkernels");
+}
