@@ -214,20 +214,12 @@ static uint16_t quantize_w4_group(const float *x, int n, bool search, int8_t *q)
                 sqq += (double)c * c;
             }
             if (sqq <= 0) continue;
-            /* two rounds of: least-squares scale, then re-round against it */
-            for (int round = 0; round < 2 && sqq > 0; round++) {
-                uint16_t h = scale_to_f16((float)(sxq / sqq));
-                float err = quantize_with(x, n, lp_f16_to_f32(h), -8, 7, trial);
-                if (err < best_err) {
-                    best_err = err;
-                    best_h = h;
-                    memcpy(q, trial, (size_t)n);
-                }
-                sxq = sqq = 0;
-                for (int i = 0; i < n; i++) {
-                    sxq += (double)x[i] * trial[i];
-                    sqq += (double)trial[i] * trial[i];
-                }
+            uint16_t h = scale_to_f16((float)(sxq / sqq));
+            float err = quantize_with(x, n, lp_f16_to_f32(h), -8, 7, trial);
+            if (err < best_err) {
+                best_err = err;
+                best_h = h;
+                memcpy(q, trial, (size_t)n);
             }
         }
     return best_h;

@@ -113,6 +113,14 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->pool = lp_threadpool_create(ctx->params.n_threads, err);
     if (!ctx->pool) goto fail;
     if (kv_init(ctx, err)) goto fail;
+    {
+        const lp_hparams *h = &m->hp;
+        int64_t widest_in = h->dim;
+        if ((int64_t)h->n_heads * h->head_dim > widest_in) widest_in = (int64_t)h->n_heads * h->head_dim;
+        if (h->ffn_dim > widest_in) widest_in = h->ffn_dim;
+        /* scratch for int8-quantized activations of integer kernels */
+        if (lp_kernels_reserve(&ctx->kern, ctx->params.max_rows, widest_in, err)) goto fail;
+    }
 
     const lp_hparams *hp = &m->hp;
     size_t rows = (size_t)ctx->params.max_rows, logit_rows = (size_t)ctx->params.max_logit_rows;
@@ -159,6 +167,7 @@ fail:
 void lp_context_free(lp_context *ctx) {
     if (!ctx) return;
     lp_threadpool_destroy(ctx->pool);
+    lp_kernels_free(&ctx->kern);
     lp_free(ctx->kv.k);
     lp_free(ctx->kv.v);
     lp_free(ctx->kv.refcount);
@@ -457,11 +466,8 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
     memcpy(ctx->rows, rows, (size_t)n_rows * sizeof *rows);
     ctx->n_rows = n_rows;
 
-    for (int r = 0; r < n_rows; r++) {
-        const uint8_t *src = (const uint8_t *)m->tok_embd.data +
-                             (size_t)rows[r].token * m->tok_embd.row_bytes;
-        lp_dequantize_row(m->tok_embd.type, src, ctx->x + r * dim, dim);
-    }
+    for (int r = 0; r < n_rows; r++)
+        lp_weight_dequantize_row(&m->tok_embd, rows[r].token, ctx->x + r * dim);
     rope_tables(ctx);
     group_rows_by_adapter(ctx);
     for (int l = 0; l < hp->n_layers; l++) layer_forward(ctx, l);

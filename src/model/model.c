@@ -269,7 +269,11 @@ int lp_model_finish(lp_model *m, lp_error *err) {
 /* ---- public accessors ---------------------------------------------------------- */
 
 static uint64_t weight_params(const lp_weight *w) { return (uint64_t)(w->rows * w->cols); }
-static uint64_t weight_bytes(const lp_weight *w) { return (uint64_t)w->row_bytes * (uint64_t)w->rows; }
+static uint64_t weight_bytes(const lp_weight *w) {
+    if (w->type == LP_W4 || w->type == LP_W8) /* packed panels: row_bytes is an average */
+        return lp_pack_bytes(w->type, w->rows, w->cols, w->group);
+    return (uint64_t)w->row_bytes * (uint64_t)w->rows;
+}
 
 void lp_model_foreach_weight(const lp_model *m,
                              void (*fn)(void *, const char *, const char *, int64_t, int64_t),
