@@ -85,7 +85,7 @@ static void test_against_naive(const char *path, float tol) {
 
 static void test_two_file_forms(void) {
     lp_error err;
-    lp_model_params mp = {shared("tok512.bin")};
+    lp_model_params mp = {.tokenizer_path = shared("tok512.bin")};
     lp_model *bin = lp_model_load(shared("stories260K.bin"), &mp, &err);
     CHECK_MSG(bin != NULL, "%s", bin ? "" : err.message);
     lp_model *gguf = lp_model_load(shared("stories260K.gguf"), NULL, &err);
@@ -268,7 +268,7 @@ static void test_reference_output(const char *model, const char *tokenizer) {
         "what to do.\"\nLily didn't want to help her mom, so she said, \"I'm sorry, mom. I "
         "didn't know what to do.\" Her mom said, \"Don't worry, Lily. We can help you.\n";
     lp_error err;
-    lp_model_params mp = {tokenizer};
+    lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *m = lp_model_load(model, &mp, &err);
     CHECK_MSG(m != NULL, "%s", m ? "" : err.message);
     if (!m) return;

@@ -96,7 +96,7 @@ int cli_info(int argc, char **argv) {
         return 2;
     }
     lp_error err = {{0}};
-    lp_model_params mp = {tokenizer};
+    lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);
     lp_model_info in;
@@ -160,7 +160,7 @@ int cli_tokenize(int argc, char **argv) {
         return 2;
     }
     lp_error err = {{0}};
-    lp_model_params mp = {tokenizer};
+    lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);
     size_t len = strlen(text);

@@ -288,7 +288,7 @@ int cli_run(int argc, char **argv) {
     if (!o.seed_set) o.seed = (long)time(NULL);
 
     double t0 = lp_now_seconds();
-    lp_model_params mp = {o.tokenizer};
+    lp_model_params mp = {.tokenizer_path = o.tokenizer};
     model = lp_model_load(o.model, &mp, &err);
     if (!model) {
         rc = cli_fail("cannot load model", &err);
