@@ -46,18 +46,26 @@ typedef struct lp_model_params {
     /* llama2.c checkpoints keep the vocabulary in a separate file; NULL
      * looks for tokenizer.bin next to the checkpoint. Ignored otherwise. */
     const char *tokenizer_path;
+    /* GGUF Q4_0 / Q8_0 matrices are repacked losslessly at load into the
+     * integer kernels' layout (W4 / W8, group 32). true keeps the original
+     * layout (float kernels; for comparisons). K-quants always keep theirs. */
+    bool no_repack;
+    /* Activations of the integer kernels: 0 = the model's choice (.lpx files
+     * record it; int8 otherwise), 8 = int8 (W4A8 / W8A8), 32 = float
+     * (W4A16 / W8A16, for accuracy comparison). */
+    int activations;
 } lp_model_params;
 
-/* Loads a GGUF file, a Hugging Face model directory (config.json +
- * safetensors + tokenizer.json) or a llama2.c checkpoint (.bin).
- * params may be NULL. */
+/* Loads a compiled .lpx file (memory-mapped, used in place), a GGUF file, a
+ * Hugging Face model directory (config.json + safetensors + tokenizer.json)
+ * or a llama2.c checkpoint (.bin). params may be NULL. */
 lp_model *lp_model_load(const char *path, const lp_model_params *params,
                         lp_error *err);
 void lp_model_free(lp_model *model);
 
 typedef struct lp_model_info {
     const char *arch;         /* "llama", "qwen2", "qwen3" */
-    const char *format;       /* "gguf", "safetensors", "llama2c" */
+    const char *format;       /* "lpx", "gguf", "safetensors", "llama2c" */
     const char *name;         /* general.name or "" */
     int n_vocab, dim, n_layers, n_heads, n_kv_heads, head_dim, ffn_dim;
     int n_ctx_train;

@@ -11,7 +11,7 @@
 #include "model/model.h"
 
 static double *naive_matrix_row(const lp_weight *w, int64_t r, float *tmp, double *out) {
-    lp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes, tmp, w->cols);
+    lp_weight_dequantize_row(w, r, tmp);
     for (int64_t c = 0; c < w->cols; c++) out[c] = tmp[c];
     return out;
 }
@@ -67,9 +67,7 @@ static void naive_forward(const lp_model *m, const int32_t *tokens, int n, doubl
     double *scores = calloc((size_t)n, sizeof(double));
     float *row = malloc((size_t)dim * sizeof(float));
     for (int t = 0; t < n; t++) {
-        lp_dequantize_row(m->tok_embd.type,
-                          (const uint8_t *)m->tok_embd.data + (size_t)tokens[t] * m->tok_embd.row_bytes,
-                          row, dim);
+        lp_weight_dequantize_row(&m->tok_embd, tokens[t], row);
         for (int64_t i = 0; i < dim; i++) x[t * dim + i] = row[i];
     }
     for (int l = 0; l < hp->n_layers; l++) {

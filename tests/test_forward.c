@@ -62,7 +62,9 @@ static float max_abs_diff(const float *a, const float *b, int n) {
 /* lp_forward vs the naive forward, for a model file. */
 static void test_against_naive(const char *path, float tol) {
     lp_error err;
-    lp_model *m = lp_model_load(path, NULL, &err);
+    /* float activations: the naive forward does not quantize them to int8 */
+    lp_model_params mp = {.activations = 32};
+    lp_model *m = lp_model_load(path, &mp, &err);
     CHECK_MSG(m != NULL, "%s", m ? "" : err.message);
     if (!m) return;
     int32_t toks[9];

@@ -65,6 +65,9 @@ uint64_t lp_model_fingerprint(const lp_model *m) {
     const int64_t dims[] = {hp->arch, hp->n_vocab, hp->dim, hp->n_layers, hp->n_heads,
                             hp->n_kv_heads, hp->head_dim, hp->ffn_dim, hp->rope_neox};
     for (size_t i = 0; i < sizeof dims / sizeof dims[0]; i++) h = fnv_u64(h, (uint64_t)dims[i]);
+    /* folded bases take only .lpa files made for folded bases (unfolded
+     * fingerprints stay as they were) */
+    if (m->norms_folded) h = fnv_u64(h, 0xF01DF01Dull);
     h = fnv_weight(h, &m->tok_embd);
     h = fnv_weight(h, &m->output);
     for (int l = 0; m->layers && l < hp->n_layers; l++) {
@@ -293,6 +296,35 @@ static int pair_scale(const scale_rule *rule, int layer, lp_proj p, int rank, co
     return 0;
 }
 
+/* A base with folded norm gains (a compiled .lpx) feeds q/k/v and gate/up
+ * the normalised input WITHOUT its gain (the gain is in W's columns), so an
+ * adapter trained on x * gain must see it too: A' = A diag(gain). Done once
+ * at load into an F32 copy. (.lpa files are stored in their base's
+ * convention, already folded, and bound to it by the fingerprint.) */
+static int fold_norm_gains(lp_adapter *a, const char *what, lp_error *err) {
+    const lp_model *m = a->base;
+    for (int l = 0; l < a->n_layers; l++) {
+        const lp_layer *L = &m->layers[l];
+        for (int p = 0; p < LP_PROJ_COUNT; p++) {
+            const float *gain = p <= LP_PROJ_V ? L->attn_norm
+                              : (p == LP_PROJ_GATE || p == LP_PROJ_UP) ? L->ffn_norm : NULL;
+            lp_lora_pair *pair = lp_adapter_pair(a, l, (lp_proj)p);
+            if (!gain || pair->rank == 0) continue;
+            int64_t rows = pair->A.rows, cols = pair->A.cols;
+            float *A = adapter_own(a, (size_t)rows * (size_t)cols * sizeof(float));
+            if (!A) return lp_fail(err, "%s: out of memory folding norm gains", what);
+            for (int64_t r = 0; r < rows; r++) {
+                lp_dequantize_row(pair->A.type, (const uint8_t *)pair->A.data + (size_t)r * pair->A.row_bytes,
+                                  A + r * cols, cols);
+                for (int64_t c = 0; c < cols; c++) A[r * cols + c] *= gain[c];
+            }
+            pair->A = (lp_weight){.type = LP_F32, .rows = rows, .cols = cols,
+                                  .row_bytes = (size_t)cols * sizeof(float), .data = A};
+        }
+    }
+    return 0;
+}
+
 /* Shapes, ranks, halves, conversion. src_interleaved: the source's q/k rows
  * are in interleaved (GGUF llama) order rather than Hugging Face order. */
 static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *rule,
@@ -367,6 +399,7 @@ static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *ru
         if (rc == 0) rc = convert(a, B, dir, m ? m->hp.head_dim : 0, what, &pair->B, err);
     }
     free(halves);
+    if (rc == 0 && m && m->norms_folded) rc = fold_norm_gains(a, what, err);
     return rc;
 }
 

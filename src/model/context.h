@@ -49,9 +49,12 @@ struct lp_context {
     float *x;          /* [rows][dim] residual stream */
     float *xn;         /* [rows][max(dim, q_dim)] normalised input / attention output */
     float *q;          /* [rows][q_dim] */
+    float *qkv;        /* [rows][q_dim + 2 kv_dim] output of a fused q|k|v matmul (or NULL) */
+    const float *q_rows; /* this layer's queries: ctx->q or inside qkv ... */
+    int64_t q_stride;    /* ... with this row stride */
     float *k_new;      /* [layers][rows][kv_dim] this batch's keys (roped) */
     float *v_new;      /* [layers][rows][kv_dim] */
-    float *gate, *up;  /* [rows][ffn_dim] */
+    float *gate, *up;  /* [rows][ffn_dim]; fused gate|up: gate is [rows][2 ffn_dim] */
     float *rope_cos, *rope_sin; /* [rows][head_dim/2] */
     float *scores;     /* [threads][max_seq_len + max_rows] */
     float *logit_in;   /* [logit_rows][dim] */

@@ -110,6 +110,7 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     lp_kernels_init(&ctx->kern, &cpu);
+    ctx->kern.int8_activations = m->int8_activations; /* recorded in .lpx files */
     ctx->pool = lp_threadpool_create(ctx->params.n_threads, err);
     if (!ctx->pool) goto fail;
     if (kv_init(ctx, err)) goto fail;
@@ -134,8 +135,16 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->q = plan_alloc(rows * q_dim, sizeof(float), &ok);
     ctx->k_new = plan_alloc((size_t)hp->n_layers * rows * kv_dim, sizeof(float), &ok);
     ctx->v_new = plan_alloc((size_t)hp->n_layers * rows * kv_dim, sizeof(float), &ok);
-    /* gate doubles as the attention-projection output, so it is at least dim wide */
-    size_t gate_w = (size_t)hp->ffn_dim > (size_t)hp->dim ? (size_t)hp->ffn_dim : (size_t)hp->dim;
+    /* gate doubles as the attention-projection output, so it is at least dim
+     * wide; with fused gate|up it holds both halves of each row */
+    bool fused_qkv = false, fused_gate_up = false;
+    for (int l = 0; l < hp->n_layers; l++) {
+        fused_qkv |= m->layers[l].wqkv.data != NULL;
+        fused_gate_up |= m->layers[l].w_gate_up.data != NULL;
+    }
+    size_t ffn_w = (size_t)hp->ffn_dim * (fused_gate_up ? 2 : 1);
+    size_t gate_w = ffn_w > (size_t)hp->dim ? ffn_w : (size_t)hp->dim;
+    if (fused_qkv) ctx->qkv = plan_alloc(rows * (q_dim + 2 * kv_dim), sizeof(float), &ok);
     ctx->gate = plan_alloc(rows * gate_w, sizeof(float), &ok);
     ctx->up = plan_alloc(rows * (size_t)hp->ffn_dim, sizeof(float), &ok);
     ctx->rope_cos = plan_alloc(rows * (size_t)(hp->head_dim / 2), sizeof(float), &ok);
@@ -179,7 +188,7 @@ void lp_context_free(lp_context *ctx) {
             lp_free(ctx->seqs[s].tags);
         }
     lp_free(ctx->seqs);
-    void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->k_new, ctx->v_new, ctx->gate, ctx->up,
+    void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
                     ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->slots,
                     ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y};
@@ -285,7 +294,7 @@ static void attend_one(lp_context *ctx, int layer, int r, int h, float *scores) 
     const lp_kv_cache *kv = &ctx->kv;
     int d = hp->head_dim, g = h / (hp->n_heads / hp->n_kv_heads);
     size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)d, rows = (size_t)ctx->params.max_rows;
-    const float *q = ctx->q + ((size_t)r * hp->n_heads + (size_t)h) * (size_t)d;
+    const float *q = ctx->q_rows + (size_t)r * (size_t)ctx->q_stride + (size_t)h * (size_t)d;
     const lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
     float scale = 1.0f / sqrtf((float)d);
     int n = 0;
@@ -402,28 +411,40 @@ static void matmul(lp_context *ctx, const lp_weight *w, const float *x, int64_t 
     lp_matmul(&ctx->kern, ctx->pool, w, x, x_stride, n, y, y_stride);
 }
 
-static void layer_forward(lp_context *ctx, int l) {
-    const lp_model *m = ctx->model;
-    const lp_hparams *hp = &m->hp;
-    const lp_layer *L = &m->layers[l];
+/* q, k, v of the batch: q into ctx->q (or left inside the fused buffer), k
+ * and v into this layer's k_new / v_new; then biases, q/k norms and rope. */
+static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new) {
+    const lp_hparams *hp = &ctx->model->hp;
+    const lp_layer *L = &ctx->model->layers[l];
     int n = ctx->n_rows;
     int64_t dim = hp->dim, d = hp->head_dim;
     int64_t q_dim = hp->n_heads * d, kv_dim = hp->n_kv_heads * d;
-    size_t rows = (size_t)ctx->params.max_rows;
-    float *k_new = ctx->k_new + (size_t)l * rows * (size_t)kv_dim;
-    float *v_new = ctx->v_new + (size_t)l * rows * (size_t)kv_dim;
-
-    /* attention block */
-    for (int r = 0; r < n; r++)
-        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, L->attn_norm, dim, hp->rms_eps);
-    matmul(ctx, &L->wq, ctx->xn, dim, ctx->q, q_dim, n);
-    matmul(ctx, &L->wk, ctx->xn, dim, k_new, kv_dim, n);
-    matmul(ctx, &L->wv, ctx->xn, dim, v_new, kv_dim, n);
-    apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->q, q_dim);
-    apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, k_new, kv_dim);
-    apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, v_new, kv_dim);
+    float *q_rows = ctx->q;
+    int64_t q_stride = q_dim;
+    if (L->wqkv.data) {
+        /* one matmul; adapters add to the q/k/v column ranges of its output */
+        int64_t w = q_dim + 2 * kv_dim;
+        matmul(ctx, &L->wqkv, ctx->xn, dim, ctx->qkv, w, n);
+        apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->qkv, w);
+        apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, ctx->qkv + q_dim, w);
+        apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, ctx->qkv + q_dim + kv_dim, w);
+        /* k/v move to the per-layer batch KV that attention and commits read */
+        for (int r = 0; r < n; r++) {
+            memcpy(k_new + r * kv_dim, ctx->qkv + r * w + q_dim, (size_t)kv_dim * sizeof(float));
+            memcpy(v_new + r * kv_dim, ctx->qkv + r * w + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
+        }
+        q_rows = ctx->qkv;
+        q_stride = w;
+    } else {
+        matmul(ctx, &L->wq, ctx->xn, dim, ctx->q, q_dim, n);
+        matmul(ctx, &L->wk, ctx->xn, dim, k_new, kv_dim, n);
+        matmul(ctx, &L->wv, ctx->xn, dim, v_new, kv_dim, n);
+        apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->q, q_dim);
+        apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, k_new, kv_dim);
+        apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, v_new, kv_dim);
+    }
     for (int r = 0; r < n; r++) {
-        float *q = ctx->q + r * q_dim, *k = k_new + r * kv_dim;
+        float *q = q_rows + r * q_stride, *k = k_new + r * kv_dim;
         add_bias(q, L->bq, q_dim);
         add_bias(k, L->bk, kv_dim);
         add_bias(v_new + r * kv_dim, L->bv, kv_dim);
@@ -434,6 +455,52 @@ static void layer_forward(lp_context *ctx, int l) {
         rope_apply(ctx, r, q, hp->n_heads);
         rope_apply(ctx, r, k, hp->n_kv_heads);
     }
+    ctx->q_rows = q_rows;
+    ctx->q_stride = q_stride;
+}
+
+/* silu(gate) * up of the batch; returns where the product rows are and
+ * their stride (inside the fused buffer for fused gate|up). */
+static float *feed_forward_hidden(lp_context *ctx, int l, int64_t *stride) {
+    const lp_hparams *hp = &ctx->model->hp;
+    const lp_layer *L = &ctx->model->layers[l];
+    int n = ctx->n_rows;
+    int64_t dim = hp->dim, ffn = hp->ffn_dim;
+    float *gate = ctx->gate, *up = ctx->up;
+    int64_t w = ffn;
+    if (L->w_gate_up.data) {
+        w = 2 * ffn;
+        up = ctx->gate + ffn;
+        matmul(ctx, &L->w_gate_up, ctx->xn, dim, ctx->gate, w, n);
+    } else {
+        matmul(ctx, &L->w_gate, ctx->xn, dim, gate, w, n);
+        matmul(ctx, &L->w_up, ctx->xn, dim, up, w, n);
+    }
+    apply_lora(ctx, l, LP_PROJ_GATE, ctx->xn, dim, gate, w);
+    apply_lora(ctx, l, LP_PROJ_UP, ctx->xn, dim, up, w);
+    for (int r = 0; r < n; r++) lp_silu_mul(gate + r * w, up + r * w, ffn);
+    *stride = w;
+    return gate;
+}
+
+static void layer_forward(lp_context *ctx, int l) {
+    const lp_model *m = ctx->model;
+    const lp_hparams *hp = &m->hp;
+    const lp_layer *L = &m->layers[l];
+    int n = ctx->n_rows;
+    int64_t dim = hp->dim, q_dim = hp->n_heads * (int64_t)hp->head_dim;
+    int64_t kv_dim = hp->n_kv_heads * (int64_t)hp->head_dim;
+    size_t rows = (size_t)ctx->params.max_rows;
+    float *k_new = ctx->k_new + (size_t)l * rows * (size_t)kv_dim;
+    float *v_new = ctx->v_new + (size_t)l * rows * (size_t)kv_dim;
+    /* folded gains already sit in the columns of q/k/v and gate/up */
+    const float *attn_gain = m->norms_folded ? NULL : L->attn_norm;
+    const float *ffn_gain = m->norms_folded ? NULL : L->ffn_norm;
+
+    /* attention block */
+    for (int r = 0; r < n; r++)
+        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, attn_gain, dim, hp->rms_eps);
+    attention_inputs(ctx, l, k_new, v_new);
     attention_task task = {ctx, l};
     /* Small attention (tiny models, short contexts) runs inline: waking the
      * pool would cost more than the work. */
@@ -445,16 +512,12 @@ static void layer_forward(lp_context *ctx, int l) {
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
 
     /* feed-forward block */
-    int64_t ffn = hp->ffn_dim;
     for (int r = 0; r < n; r++)
-        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, L->ffn_norm, dim, hp->rms_eps);
-    matmul(ctx, &L->w_gate, ctx->xn, dim, ctx->gate, ffn, n);
-    matmul(ctx, &L->w_up, ctx->xn, dim, ctx->up, ffn, n);
-    apply_lora(ctx, l, LP_PROJ_GATE, ctx->xn, dim, ctx->gate, ffn);
-    apply_lora(ctx, l, LP_PROJ_UP, ctx->xn, dim, ctx->up, ffn);
-    for (int r = 0; r < n; r++) lp_silu_mul(ctx->gate + r * ffn, ctx->up + r * ffn, ffn);
-    matmul(ctx, &L->w_down, ctx->gate, ffn, ctx->xn, dim, n);
-    apply_lora(ctx, l, LP_PROJ_DOWN, ctx->gate, ffn, ctx->xn, dim);
+        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, ffn_gain, dim, hp->rms_eps);
+    int64_t h_stride;
+    float *hidden = feed_forward_hidden(ctx, l, &h_stride);
+    matmul(ctx, &L->w_down, hidden, h_stride, ctx->xn, dim, n);
+    apply_lora(ctx, l, LP_PROJ_DOWN, hidden, h_stride, ctx->xn, dim);
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
 }
 

@@ -302,6 +302,7 @@ int lp_model_load_llama2c(lp_model *m, const char *path, const char *tokenizer_p
     else if (find_llama2c_tokenizer(path, c->vocab_size, tok_path, sizeof tok_path))
         return lp_fail(err, "%s: llama2.c checkpoints need a tokenizer file: pass --tokenizer "
                        "(no tokenizer.bin or tok%d.bin beside the model)", path, c->vocab_size);
+    snprintf(m->tokenizer_path, sizeof m->tokenizer_path, "%s", tok_path);
     m->tok = lp_tokenizer_from_llama2c(tok_path, c->vocab_size, err);
     if (!m->tok) return -1;
 

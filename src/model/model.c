@@ -30,6 +30,7 @@ void lp_model_free(lp_model *m) {
     free(m->layers);
     lp_tokenizer_free(m->tok);
     lp_gguf_close(m->gguf);
+    lp_unmap_file(&m->lpx_file);
     lp_safetensors_close(m->st);
     if (m->has_l2c) lp_llama2c_close(&m->l2c);
     free(m);
@@ -59,9 +60,19 @@ lp_model *lp_model_load(const char *path, const lp_model_params *params,
         return NULL;
     }
     snprintf(m->path, sizeof m->path, "%s", path);
+    m->no_repack = params && params->no_repack;
+    m->int8_activations = true;
+    int acts = params ? params->activations : 0;
+    if (acts != 0 && acts != 8 && acts != 32) {
+        lp_fail(err, "activations must be 0 (model's choice), 8 (int8) or 32 (float), not %d", acts);
+        free(m);
+        return NULL;
+    }
     int rc;
     if (is_directory(path)) {
         rc = lp_model_load_hf(m, path, err);
+    } else if (lp_is_lpx_file(path)) {
+        rc = lp_model_load_lpx(m, path, err);
     } else if (has_gguf_magic(path)) {
         rc = lp_model_load_gguf(m, path, err);
     } else {
@@ -72,6 +83,7 @@ lp_model *lp_model_load(const char *path, const lp_model_params *params,
         lp_model_free(m);
         return NULL;
     }
+    if (acts) m->int8_activations = acts == 8;
     return m;
 }
 
@@ -104,6 +116,23 @@ static int gguf_vector(lp_model *m, const char *name, int64_t n, bool required,
     return 0;
 }
 
+/* Q4_0 / Q8_0 rows -> LP_W4 / LP_W8 group 32 panels (lossless: same codes,
+ * same f16 scales), so these files run on the integer kernels. Costs one
+ * copy of the matrix at load; K-quants are not repacked (float kernels). */
+static int repack_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
+    uint32_t packed = w->type == LP_Q4_0 ? LP_W4 : LP_W8;
+    size_t bytes = lp_pack_bytes(packed, w->rows, w->cols, 32);
+    if (bytes == 0) return 0; /* shape the packer can't take: keep the GGUF layout */
+    void *dst = lp_model_own(m, bytes);
+    if (!dst) return lp_fail(err, "%s: out of memory repacking '%s'", m->path, name);
+    uint32_t got;
+    if (lp_pack_from_gguf(w->type, w->data, w->rows, w->cols, dst, &got) != 0 || got != packed)
+        return lp_fail(err, "%s: cannot repack '%s' (%s)", m->path, name, lp_dtype_name(w->type));
+    *w = lp_packed_weight(packed, 32, w->rows, w->cols, dst);
+    m->n_repacked++;
+    return 0;
+}
+
 static int gguf_matrix(lp_model *m, const char *name, int64_t rows, int64_t cols,
                        bool required, lp_weight *out, lp_error *err) {
     memset(out, 0, sizeof *out);
@@ -126,6 +155,8 @@ static int gguf_matrix(lp_model *m, const char *name, int64_t rows, int64_t cols
     out->cols = cols;
     out->row_bytes = lp_dtype_row_bytes(t->type, (uint64_t)cols);
     out->data = t->data;
+    if ((t->type == LP_Q4_0 || t->type == LP_Q8_0) && !m->no_repack)
+        return repack_for_int_kernels(m, name, out, err);
     return 0;
 }
 

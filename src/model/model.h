@@ -13,9 +13,19 @@
 #include "synth.h"
 
 typedef struct lp_layer {
+    /* Per-projection weights. In a layer with fused projections these are
+     * row views into wqkv / w_gate_up (shape checks, adapters, info). */
     lp_weight wq, wk, wv, wo;
     lp_weight w_gate, w_up, w_down;
-    const float *attn_norm, *ffn_norm;   /* [dim] */
+    /* Fused projections (compiled models): data != NULL means the forward
+     * runs one matmul for q|k|v ([q_dim + 2 kv_dim] x dim, q rows first) and
+     * one for gate|up ([2 ffn] x dim, gate rows first). */
+    lp_weight wqkv, w_gate_up;
+    /* RMSNorm gains [dim]. When the model's norms_folded is set they are
+     * already multiplied into the columns of q/k/v (attn) and gate/up (ffn):
+     * the forward normalises without a gain, and adapters fold the gain into
+     * their A matrices. */
+    const float *attn_norm, *ffn_norm;
     const float *bq, *bk, *bv;           /* qwen2 biases or NULL */
     const float *q_norm, *k_norm;        /* qwen3 per-head RMS gains [head_dim] or NULL */
 } lp_layer;
@@ -44,11 +54,25 @@ struct lp_model {
 
     lp_tokenizer *tok;
 
+    /* plan-time transforms and activation mode (see lp_layer) */
+    bool norms_folded;
+    bool int8_activations;  /* integer kernels quantize activations to int8 (W*A8);
+                               false: float activations (W*A16) */
+    char tokenizer_path[1100]; /* llama2.c: the tokenizer file used (for compile) */
+    /* .lpx: the tokenizer blobs inside the mapping (kind LP_LPX_TOK_*) */
+    uint32_t lpx_tok_kind;
+    const void *lpx_tok, *lpx_tok2;
+    size_t lpx_tok_bytes, lpx_tok2_bytes;
+    uint32_t compiled_type, compiled_group;   /* .lpx: what it was compiled to */
+    bool no_repack;         /* lp_model_params.no_repack, for the GGUF loader */
+    int n_repacked;         /* GGUF matrices repacked to W4/W8 at load */
+
     /* ownership */
     lp_gguf *gguf;
     lp_safetensors *st;
     lp_llama2c l2c;
     bool has_l2c;
+    lp_mapped_file lpx_file;
     void **owned;           /* buffers converted at load (norms, biases) */
     int n_owned, cap_owned;
 };
@@ -58,6 +82,34 @@ int lp_model_load_gguf(lp_model *m, const char *path, lp_error *err);
 int lp_model_load_hf(lp_model *m, const char *dir, lp_error *err);
 int lp_model_load_llama2c(lp_model *m, const char *path,
                           const char *tokenizer_path, lp_error *err);
+
+/* .lpx compiled files (load_lpx.c). The image loader validates a whole
+ * 64-byte aligned image used in place (must outlive the model). */
+int lp_model_load_lpx(lp_model *m, const char *path, lp_error *err);
+int lp_model_load_lpx_image(lp_model *m, const void *data, size_t size, const char *what,
+                            lp_error *err);
+/* A whole model from an in-memory .lpx image (fuzzer, tests). */
+lp_model *lp_model_load_lpx_memory(const void *data, size_t size, const char *what,
+                                   lp_error *err);
+bool lp_is_lpx_file(const char *path);
+
+/* Compiling a loaded model into an .lpx file. */
+typedef struct lp_compile_params {
+    uint32_t weight_type;   /* LP_W4, LP_W8, LP_F16 or LP_F32 */
+    int group;              /* W4: 32/64/128; W8: multiple of 32 (0 = 32) */
+    bool float_acts;        /* record float activations (W*A16) instead of int8 */
+    bool no_search;         /* W4: plain absmax scales instead of the error search */
+    bool no_fuse, no_fold;
+    int n_threads;          /* 0: all cores */
+    /* progress: after each tensor (i of n, bytes of source weights done/total) */
+    void (*progress)(void *user, int i, int n, const char *name, uint64_t done, uint64_t total);
+    /* notes: fallbacks and decisions worth telling the user */
+    void (*note)(void *user, const char *msg);
+    void *user;
+} lp_compile_params;
+
+int lp_model_compile(const lp_model *src, const char *out_path, const lp_compile_params *p,
+                     lp_error *err);
 
 /* Shared helpers for the loaders. */
 void *lp_model_own(lp_model *m, size_t bytes);   /* zeroed, freed with the model */
