@@ -3,95 +3,125 @@
  *   cd /work/main && gcc -std=c11 -O3 -D_GNU_SOURCE -Iinclude -Isrc \
  *       bench/bench_kernels.c src/kernels/[a-z]*.c src/base/[a-z]*.c \
  *       -lpcre2-8 -lcjson -lpthread -lm -o /tmp/bench_kernels
- *   /tmp/bench_kernels [seconds_per_case]
+ *   /tmp/bench_kernels [repeats] [type filter, e.g. "W4"]
  *
- * For F16, GGUF Q8_0/Q4_0 and the packed LP_W4 (groups 32/64/128) / LP_W8
- * types: decode (n_batch 1) weight-read GB/s and prefill (n_batch 128)
- * GOP/s (2 ops per multiply-add), on 1 and 2 threads, at the best dispatch
- * level. Also a read-only and a STREAM-like triad bandwidth measurement
- * (the decode roofline) and whole-model estimates: 22 layers of TinyLlama
- * projections, tokens/s for decode and 128-token prefill (matmuls only).
- * Every figure is the best of repeated runs: the machine may be shared. */
+ * Roofline: read bandwidth of a 2 GiB buffer summed with AVX-512 loads
+ * (STREAM-like "sum"), 1 and 2 threads, measured in the same run.
+ *
+ * Decode: TinyLlama-shaped layers (q,k,v,o,gate,up,down) of each weight
+ * type are allocated, as many as make at least 2.2 GB (22 layers for F16,
+ * ~90 for W4), so that like the roofline buffer the working set is far
+ * beyond the 480 MB L3; one pass over every matrix in order (n_batch 1)
+ * is timed: GB/s = bytes / time, compared with the read roofline of the
+ * same thread count. tok/s = GB/s / (22 layers' bytes).
+ *
+ * Prefill: n_batch 128 through each shape (cache-resident: compute bound),
+ * GOP/s with 2 ops per multiply-add, and a 22-layer estimate in tokens/s
+ * (matmuls only). Every figure is best and median of the repeats: the
+ * machine is shared, so the best is the closer estimate of the kernel.
+ * (The W4A16 float path, int8_activations = false, is an accuracy
+ * reference, not a fast path: it is left out.) */
 #include "kernels/kernels.h"
 
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#if defined(__x86_64__)
+#include <immintrin.h>
+#endif
+
 typedef struct shape { int64_t rows, cols; int per_layer; } shape;
 /* q/o, k/v, gate/up, down */
 static const shape k_shapes[] = {{2048, 2048, 2}, {256, 2048, 2}, {5632, 2048, 2}, {2048, 5632, 1}};
+#define N_SHAPES 4
 #define N_LAYERS 22
 #define PREFILL 128
+#define MAX_REPEATS 64
 
-typedef struct wtype { uint32_t type; int group; const char *name; } wtype;
+typedef struct wtype { uint32_t type; int group; bool int8; const char *name; } wtype;
 static const wtype k_types[] = {
-    {LP_F16, 0, "F16"},     {LP_Q8_0, 0, "Q8_0"},    {LP_Q4_0, 0, "Q4_0"},  {LP_W8, 32, "W8 g32"},
-    {LP_W8, -1, "W8 row"},  {LP_W4, 32, "W4 g32"},   {LP_W4, 64, "W4 g64"}, {LP_W4, 128, "W4 g128"},
+    {LP_W4, 32, true, "W4 g32"}, {LP_W4, 64, true, "W4 g64"},  {LP_W4, 128, true, "W4 g128"},
+    {LP_W8, 32, true, "W8 g32"}, {LP_Q4_0, 0, false, "Q4_0"},
+    {LP_Q8_0, 0, false, "Q8_0"}, {LP_F16, 0, false, "F16"},
 };
 
-static double g_seconds = 0.3;
+static int g_repeats = 7;
 
-static double bench(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W, const float *X,
-                    int64_t n_batch, float *Y) {
-    lp_matmul(k, pool, W, X, W->cols, n_batch, Y, W->rows); /* warm up */
-    double start = lp_now_seconds(), best = 1e30;
-    int iters = 0;
-    while (lp_now_seconds() - start < g_seconds || iters < 3) {
-        double t0 = lp_now_seconds();
-        lp_matmul(k, pool, W, X, W->cols, n_batch, Y, W->rows);
-        double t = lp_now_seconds() - t0;
-        if (t < best) best = t;
-        iters++;
-    }
-    return best;
+typedef struct stats { double best, median; } stats;
+
+static int cmp_double(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return x < y ? -1 : x > y;
 }
 
-/* ---- memory bandwidth -------------------------------------------------------------- */
+/* Best (smallest) and median of n timings. */
+static stats summarize(double *t, int n) {
+    qsort(t, (size_t)n, sizeof *t, cmp_double);
+    return (stats){t[0], t[n / 2]};
+}
 
-typedef struct bw_job { float *a; const float *b, *c; int64_t n; double sums[64]; bool triad; } bw_job;
+/* ---- read bandwidth (the decode roofline) -------------------------------------------- */
+
+typedef struct bw_job { const float *b; int64_t n; float sums[256]; } bw_job;
+
+#if defined(__x86_64__)
+__attribute__((target("avx512f"))) static float sum_avx512(const float *p, int64_t n) {
+    __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
+    for (int64_t i = 0; i + 64 <= n; i += 64) {
+        s0 = _mm512_add_ps(s0, _mm512_load_ps(p + i));
+        s1 = _mm512_add_ps(s1, _mm512_load_ps(p + i + 16));
+        s2 = _mm512_add_ps(s2, _mm512_load_ps(p + i + 32));
+        s3 = _mm512_add_ps(s3, _mm512_load_ps(p + i + 48));
+    }
+    return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
+}
+#endif
+
+static float sum_plain(const float *p, int64_t n) {
+    float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
+    for (int64_t i = 0; i + 4 <= n; i += 4) {
+        s0 += p[i];
+        s1 += p[i + 1];
+        s2 += p[i + 2];
+        s3 += p[i + 3];
+    }
+    return s0 + s1 + s2 + s3;
+}
+
+static bool g_avx512;
 
 static void bw_worker(void *ctx, int ti, int nt) {
     bw_job *j = ctx;
     int64_t i0, i1;
     lp_split_range(j->n, ti, nt, 4096, &i0, &i1);
-    if (j->triad) {
-        for (int64_t i = i0; i < i1; i++) j->a[i] = j->b[i] + 3.0f * j->c[i];
-    } else {
-        float s0 = 0, s1 = 0, s2 = 0, s3 = 0;
-        for (int64_t i = i0; i + 4 <= i1; i += 4) {
-            s0 += j->b[i];
-            s1 += j->b[i + 1];
-            s2 += j->b[i + 2];
-            s3 += j->b[i + 3];
-        }
-        j->sums[ti] = s0 + s1 + s2 + s3;
+#if defined(__x86_64__)
+    if (g_avx512) {
+        j->sums[ti] = sum_avx512(j->b + i0, i1 - i0);
+        return;
     }
+#endif
+    j->sums[ti] = sum_plain(j->b + i0, i1 - i0);
 }
 
-static void bandwidth(lp_threadpool *pool, int threads) {
-    const int64_t n = 64 << 20; /* 256 MiB per array: far beyond any cache */
-    float *a = lp_alloc((size_t)n * 4), *b = lp_alloc((size_t)n * 4), *c = lp_alloc((size_t)n * 4);
-    for (int64_t i = 0; i < n; i++) b[i] = c[i] = 1.0f;
-    for (int triad = 0; triad < 2; triad++) {
-        bw_job job = {a, b, c, n, {0}, triad};
-        double best = 1e30;
-        for (int it = 0; it < 8; it++) {
-            double t0 = lp_now_seconds();
-            lp_threadpool_run(pool, bw_worker, &job);
-            double t = lp_now_seconds() - t0;
-            if (t < best) best = t;
-        }
-        double bytes = (double)n * 4 * (triad ? 3 : 1);
-        printf("bandwidth %-6s %d thread(s): %6.1f GB/s%s\n", triad ? "triad" : "read", threads, bytes / best * 1e-9,
-               triad ? " (2 reads + 1 write counted)" : "");
+static stats read_bandwidth(lp_threadpool *pool) {
+    const int64_t n = (int64_t)512 << 20; /* 2 GiB of floats */
+    float *b = lp_alloc((size_t)n * 4);
+    if (!b) return (stats){0, 0};
+    for (int64_t i = 0; i < n; i++) b[i] = 1.0f;
+    bw_job job = {b, n, {0}};
+    double t[MAX_REPEATS];
+    for (int it = 0; it < g_repeats; it++) {
+        double t0 = lp_now_seconds();
+        lp_threadpool_run(pool, bw_worker, &job);
+        t[it] = lp_now_seconds() - t0;
     }
-    lp_free(a);
     lp_free(b);
-    lp_free(c);
+    stats s = summarize(t, g_repeats);
+    return (stats){(double)n * 4 / s.best * 1e-9, (double)n * 4 / s.median * 1e-9};
 }
 
-/* ---- matmul -------------------------------------------------------------------------------- */
+/* ---- weights ------------------------------------------------------------------------- */
 
 static size_t weight_bytes(const lp_weight *W) {
     if (W->type == LP_W4 || W->type == LP_W8) return lp_pack_bytes(W->type, W->rows, W->cols, W->group);
@@ -100,10 +130,9 @@ static size_t weight_bytes(const lp_weight *W) {
 
 static void *make_weight(const wtype *t, const float *wf, int64_t rows, int64_t cols, lp_weight *W) {
     if (t->type == LP_W4 || t->type == LP_W8) {
-        int group = t->group < 0 ? (int)cols : t->group;
-        void *p = lp_alloc(lp_pack_bytes(t->type, rows, cols, group));
-        lp_pack_weight_ex(t->type, group, wf, rows, cols, p, false);
-        *W = lp_packed_weight(t->type, group, rows, cols, p);
+        void *p = lp_alloc(lp_pack_bytes(t->type, rows, cols, t->group));
+        lp_pack_weight_ex(t->type, t->group, wf, rows, cols, p, false);
+        *W = lp_packed_weight(t->type, t->group, rows, cols, p);
         return p;
     }
     size_t rb = lp_dtype_row_bytes(t->type, (uint64_t)cols);
@@ -113,19 +142,114 @@ static void *make_weight(const wtype *t, const float *wf, int64_t rows, int64_t 
     return p;
 }
 
+/* ---- decode over a whole model -------------------------------------------------------- */
+
+#define N_MATS 7 /* q k v o gate up down */
+static const int k_mat_shape[N_MATS] = {0, 1, 1, 0, 2, 2, 3};
+
+#define DECODE_BYTES 2.2e9
+#define MAX_LAYERS 256
+
+typedef struct model {
+    int n_layers;
+    lp_weight W[MAX_LAYERS][N_MATS];
+    double bytes, layer_bytes;
+} model;
+
+/* One packed/quantized copy per shape, copied into n_layers x 7 separate
+ * buffers. */
+static void build_model(const wtype *t, const float *wf, model *m) {
+    lp_weight proto[N_SHAPES];
+    void *pmem[N_SHAPES];
+    for (int s = 0; s < N_SHAPES; s++) pmem[s] = make_weight(t, wf, k_shapes[s].rows, k_shapes[s].cols, &proto[s]);
+    m->layer_bytes = 0;
+    for (int i = 0; i < N_MATS; i++) m->layer_bytes += (double)weight_bytes(&proto[k_mat_shape[i]]);
+    m->n_layers = (int)(DECODE_BYTES / m->layer_bytes) + 1;
+    if (m->n_layers < N_LAYERS) m->n_layers = N_LAYERS;
+    if (m->n_layers > MAX_LAYERS) m->n_layers = MAX_LAYERS;
+    m->bytes = 0;
+    for (int l = 0; l < m->n_layers; l++)
+        for (int i = 0; i < N_MATS; i++) {
+            const lp_weight *p = &proto[k_mat_shape[i]];
+            size_t bytes = weight_bytes(p);
+            void *mem = lp_alloc(bytes);
+            memcpy(mem, p->data, bytes);
+            m->W[l][i] = *p;
+            m->W[l][i].data = mem;
+            m->bytes += (double)bytes;
+        }
+    for (int s = 0; s < N_SHAPES; s++) lp_free(pmem[s]);
+}
+
+static void free_model(model *m) {
+    for (int l = 0; l < m->n_layers; l++)
+        for (int i = 0; i < N_MATS; i++) lp_free((void *)m->W[l][i].data);
+}
+
+/* Seconds per decode pass (every matrix once, n_batch 1). multi: q,k,v
+ * and gate,up each in one lp_matmul_multi call, as an engine would. */
+static stats decode(const lp_kernels *k, lp_threadpool *pool, const model *m, const float *X, float *Y, bool multi) {
+    double t[MAX_REPEATS];
+    float *ys[3] = {Y, Y + 5632, Y + 2 * 5632};
+    for (int it = -1; it < g_repeats; it++) {
+        double t0 = lp_now_seconds();
+        for (int l = 0; l < m->n_layers; l++) {
+            if (multi) {
+                const lp_weight *qkv[3] = {&m->W[l][0], &m->W[l][1], &m->W[l][2]};
+                const lp_weight *gu[2] = {&m->W[l][4], &m->W[l][5]};
+                int64_t s_qkv[3] = {2048, 256, 256}, s_gu[2] = {5632, 5632};
+                lp_matmul_multi(k, pool, 3, qkv, X, 2048, 1, ys, s_qkv);
+                lp_matmul(k, pool, &m->W[l][3], X, 2048, 1, Y, 2048);
+                lp_matmul_multi(k, pool, 2, gu, X, 2048, 1, ys, s_gu);
+                lp_matmul(k, pool, &m->W[l][6], X, 5632, 1, Y, 2048);
+                continue;
+            }
+            for (int i = 0; i < N_MATS; i++) {
+                const lp_weight *W = &m->W[l][i];
+                lp_matmul(k, pool, W, X, W->cols, 1, Y, W->rows);
+            }
+        }
+        if (it >= 0) t[it] = lp_now_seconds() - t0;
+    }
+    return summarize(t, g_repeats);
+}
+
+/* Seconds per call at n_batch rows. */
+static stats time_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W, const float *X,
+                         int64_t n_batch, float *Y) {
+    lp_matmul(k, pool, W, X, W->cols, n_batch, Y, W->rows); /* warm up */
+    double t[MAX_REPEATS];
+    for (int it = 0; it < g_repeats; it++) {
+        double t0 = lp_now_seconds();
+        lp_matmul(k, pool, W, X, W->cols, n_batch, Y, W->rows);
+        t[it] = lp_now_seconds() - t0;
+    }
+    return summarize(t, g_repeats);
+}
+
 int main(int argc, char **argv) {
-    if (argc > 1) g_seconds = atof(argv[1]);
+    if (argc > 1) g_repeats = atoi(argv[1]);
+    if (g_repeats < 3) g_repeats = 3;
+    if (g_repeats > MAX_REPEATS) g_repeats = MAX_REPEATS;
+    const char *filter = argc > 2 ? argv[2] : NULL;
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
+    g_avx512 = cpu.avx512f;
     lp_kernels k;
     lp_kernels_init(&k, &cpu);
     lp_error err;
     if (lp_kernels_reserve(&k, PREFILL, 5632, &err) != 0) return 1;
     char desc[256];
     lp_cpu_describe(&cpu, desc, sizeof desc);
-    printf("cpu: %s; float level %d; integer level %s\n", desc, k.level, lp_int_level_name(k.int_level));
+    printf("cpu: %s; float level %d; integer level %s; %d repeats (best / median)\n", desc, k.level,
+           lp_int_level_name(k.int_level), g_repeats);
     lp_threadpool *pools[2] = {lp_threadpool_create(1, &err), lp_threadpool_create(2, &err)};
-    for (int p = 0; p < 2; p++) bandwidth(pools[p], p + 1);
+    stats roof[2];
+    for (int p = 0; p < 2; p++) {
+        roof[p] = read_bandwidth(pools[p]);
+        printf("read bandwidth (2 GiB, %s loads) %d thread(s): best %.1f GB/s, median %.1f GB/s\n",
+               g_avx512 ? "AVX-512" : "scalar", p + 1, roof[p].best, roof[p].median);
+    }
 
     lp_rng rng;
     lp_rng_seed(&rng, 1);
@@ -136,31 +260,45 @@ int main(int argc, char **argv) {
     for (int64_t i = 0; i < max_elems; i++) wf[i] = lp_rng_normal(&rng) * 0.02f;
     for (int64_t i = 0; i < PREFILL * 5632; i++) X[i] = lp_rng_normal(&rng);
 
-    printf("\n%-8s %-10s | decode GB/s 1t  2t | prefill GOP/s 1t  2t\n", "type", "shape");
+    printf("\n%-8s | GB read | decode GB/s 1t best/med (%% roof) | 2t best/med (%% roof) | tok/s 1t 2t | "
+           "prefill GOP/s 1t best/med | 2t best/med | tok/s 1t 2t\n",
+           "type");
     for (size_t t = 0; t < sizeof k_types / sizeof k_types[0]; t++) {
-        double layer_dec[2] = {0, 0}, layer_pre[2] = {0, 0}, layer_bytes = 0;
-        for (size_t s = 0; s < sizeof k_shapes / sizeof k_shapes[0]; s++) {
-            const shape *sh = &k_shapes[s];
-            lp_weight W;
-            void *mem = make_weight(&k_types[t], wf, sh->rows, sh->cols, &W);
-            double bytes = (double)weight_bytes(&W), ops = 2.0 * (double)sh->rows * (double)sh->cols;
-            double dec[2], pre[2];
-            for (int p = 0; p < 2; p++) {
-                dec[p] = bench(&k, pools[p], &W, X, 1, Y);
-                pre[p] = bench(&k, pools[p], &W, X, PREFILL, Y);
-                layer_dec[p] += dec[p] * sh->per_layer;
-                layer_pre[p] += pre[p] * sh->per_layer;
+        const wtype *ty = &k_types[t];
+        if (filter && !strstr(ty->name, filter)) continue;
+        lp_kernels kt = k;
+        kt.int8_activations = ty->int8;
+        model *m = malloc(sizeof *m);
+        build_model(ty, wf, m);
+        stats dec[2], pre[2] = {{0, 0}, {0, 0}};
+        for (int p = 0; p < 2; p++) dec[p] = decode(&kt, pools[p], m, X, Y, false);
+        stats multi = decode(&kt, pools[1], m, X, Y, true);
+        /* prefill: per-layer time from the four shapes, each cache-resident */
+        double ops_layer = 0;
+        for (int s = 0; s < N_SHAPES; s++) ops_layer += 2.0 * (double)k_shapes[s].rows * k_shapes[s].cols * k_shapes[s].per_layer;
+        for (int p = 0; p < 2; p++)
+            for (int s = 0; s < N_SHAPES; s++) {
+                const lp_weight *W = &m->W[0][s == 0 ? 0 : s == 1 ? 1 : s == 2 ? 4 : 6];
+                stats st = time_matmul(&kt, pools[p], W, X, PREFILL, Y);
+                pre[p].best += st.best * k_shapes[s].per_layer;
+                pre[p].median += st.median * k_shapes[s].per_layer;
             }
-            layer_bytes += bytes * sh->per_layer;
-            printf("%-8s %4lldx%-5lld | %13.1f %5.1f | %16.1f %5.1f\n", k_types[t].name, (long long)sh->rows,
-                   (long long)sh->cols, bytes / dec[0] * 1e-9, bytes / dec[1] * 1e-9, ops * PREFILL / pre[0] * 1e-9,
-                   ops * PREFILL / pre[1] * 1e-9);
-            lp_free(mem);
-        }
-        printf("%-8s 22 layers  | %.3f GB/token; decode %.1f / %.1f tok/s (%.1f GB/s at 2t); prefill %.0f / %.0f tok/s\n",
-               k_types[t].name, layer_bytes * N_LAYERS * 1e-9, 1.0 / (layer_dec[0] * N_LAYERS),
-               1.0 / (layer_dec[1] * N_LAYERS), layer_bytes / layer_dec[1] * 1e-9,
-               PREFILL / (layer_pre[0] * N_LAYERS), PREFILL / (layer_pre[1] * N_LAYERS));
+        double gb = m->bytes * 1e-9, tok_gb = m->layer_bytes * N_LAYERS * 1e-9;
+        printf("%-8s | %7.2f | %6.1f / %6.1f (%3.0f%%)       | %6.1f / %6.1f (%3.0f%%) | %5.1f %5.1f | "
+               "%6.0f / %6.0f     | %6.0f / %6.0f | %4.0f %4.0f\n",
+               ty->name, gb, gb / dec[0].best, gb / dec[0].median, 100 * gb / dec[0].best / roof[0].best,
+               gb / dec[1].best, gb / dec[1].median, 100 * gb / dec[1].best / roof[1].best,
+               gb / dec[0].best / tok_gb, gb / dec[1].best / tok_gb,
+               ops_layer * PREFILL / pre[0].best * 1e-9, ops_layer * PREFILL / pre[0].median * 1e-9,
+               ops_layer * PREFILL / pre[1].best * 1e-9, ops_layer * PREFILL / pre[1].median * 1e-9,
+               PREFILL / (pre[0].best * N_LAYERS), PREFILL / (pre[1].best * N_LAYERS));
+        printf("%-8s |  2t decode with lp_matmul_multi (q,k,v and gate,up fused): %.1f / %.1f GB/s (%.0f%%), "
+               "%.1f tok/s\n",
+               ty->name, gb / multi.best, gb / multi.median, 100 * gb / multi.best / roof[1].best,
+               gb / multi.best / tok_gb);
+        fflush(stdout);
+        free_model(m);
+        free(m);
     }
     lp_kernels_free(&k);
     lp_threadpool_destroy(pools[0]);

@@ -80,6 +80,20 @@ static void test_exact_roundtrip(void) {
                     for (int64_t c = 0; c < cols; c++) bad += row[c] != src[r * cols + c];
                 }
                 CHECK_MSG(bad == 0, "%s group %d search %d: %d values differ", lp_dtype_name(ty), group, search, bad);
+                /* whole-panel dequantization (the W4A16 path) gives the same bits */
+                lp_packed_geom geom;
+                CHECK(lp_packed_geometry(ty, rows, cols, group, &geom));
+                float *panel = malloc((size_t)(LP_PANEL * cols) * sizeof(float));
+                int bad_panel = 0;
+                for (int64_t p = 0; p < geom.panels; p++) {
+                    lp_packed_dequant_panel(ty, &geom, packed, p, 32, cols - 32, panel, cols);
+                    for (int64_t r = p * LP_PANEL; r < rows && r < (p + 1) * LP_PANEL; r++) {
+                        lp_weight_dequantize_row(&w, r, row);
+                        bad_panel += memcmp(panel + (r - p * LP_PANEL) * cols, row + 32, (size_t)(cols - 32) * sizeof(float)) != 0;
+                    }
+                }
+                CHECK_MSG(bad_panel == 0, "%s group %d: %d panel rows differ", lp_dtype_name(ty), group, bad_panel);
+                free(panel);
             }
             free(packed);
         }
@@ -190,7 +204,7 @@ typedef struct int_level_setup {
 } int_level_setup;
 
 /* Every integer level this CPU can run, reference first. */
-static int int_levels(int_level_setup out[4]) {
+static int int_levels(int_level_setup out[5]) {
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     int n = 0;
@@ -203,6 +217,10 @@ static int int_levels(int_level_setup out[4]) {
         out[n++].k.int_level = LP_INT_AVX2;
     }
 #endif
+    if (best.int_level == LP_INT_AMX) { /* also the VNNI kernel AMX falls back to */
+        out[n].k = best;
+        out[n++].k.int_level = LP_INT_AVX512VNNI;
+    }
     if (best.int_level != LP_INT_REF && best.int_level != LP_INT_AVX2) out[n++].k = best;
     return n;
 }
@@ -236,7 +254,7 @@ static void test_matmul(void) {
     lp_error err;
     lp_threadpool *pool2 = lp_threadpool_create(2, &err);
     CHECK(pool2 != NULL);
-    int_level_setup levels[4];
+    int_level_setup levels[5];
     int n_levels = int_levels(levels);
     for (int l = 0; l < n_levels; l++) {
         CHECK(lp_kernels_reserve(&levels[l].k, 64, 1024, &err) == 0);
@@ -247,7 +265,7 @@ static void test_matmul(void) {
         {LP_W4, 32, 70, 320}, {LP_W8, 32, 37, 96},  {LP_W8, 96, 21, 96},    {LP_W8, 256, 100, 256},
         {LP_W8, 64, 48, 192},
     };
-    static const int64_t batches[] = {1, 3, 17, 64};
+    static const int64_t batches[] = {1, 3, 5, 9, 17, 64}; /* decode, few streams (4..9), prefill */
     const int64_t max_b = 64, max_c = 320, max_r = 103; /* rows + 3 of stride slack */
     float *X = rand_normal(&rng, max_b * max_c, 1.0f);
     for (int64_t i = 0; i < max_c; i += 7) X[i] *= 20.0f; /* activation outliers */
@@ -346,11 +364,122 @@ static void test_matmul(void) {
     free(wrow);
 }
 
+/* The SIMD activation quantizers give the reference's bits, also for
+ * zeros, huge values, infinities and NaN. */
+static void test_quantize_act(void) {
+#if defined(__x86_64__)
+    lp_cpu_features cpu;
+    lp_cpu_detect(&cpu);
+    bool has512 = cpu.avx512f && cpu.avx512bw && cpu.avx512vl && cpu.avx512vnni;
+    if (!(cpu.avx2 && cpu.fma && cpu.f16c)) return;
+    lp_rng rng;
+    lp_rng_seed(&rng, 21);
+    enum { COLS = 512 };
+    float x[COLS];
+    int8_t q[3][COLS];
+    float d[3][COLS / 32];
+    int32_t corr[3][COLS / 32];
+    void (*const quantizers[3])(const float *, int64_t, int, int, int8_t *, float *, int32_t *) = {
+        lp_quantize_act_ref, lp_quantize_act_avx2, lp_quantize_act_avx512};
+    int n_quantizers = has512 ? 3 : 2;
+    static const int groups[] = {32, 64, 128, 512};
+    int bad = 0;
+    for (int trial = 0; trial < 40; trial++) {
+        for (int i = 0; i < COLS; i++) x[i] = lp_rng_normal(&rng) * (trial % 3 == 0 ? 1e-3f : 5.0f);
+        if (trial % 4 == 1) x[lp_rng_u64(&rng) % COLS] = NAN;
+        if (trial % 4 == 2) x[lp_rng_u64(&rng) % COLS] = -INFINITY;
+        if (trial % 4 == 3) x[lp_rng_u64(&rng) % COLS] = 3e38f;
+        if (trial % 5 == 0)
+            for (int i = 32; i < 64; i++) x[i] = 0.0f;
+        for (int i = 0; i < COLS; i += 37) x[i] = (float)(i % 5) * 0.5f; /* ties after scaling */
+        for (int gi = 0; gi < 4; gi++) {
+            int group = groups[gi];
+            int ng = COLS / group;
+            for (int v = 0; v < n_quantizers; v++) {
+                memset(q[v], 0x55, sizeof q[v]);
+                quantizers[v](x, COLS, group, 8, q[v], d[v], corr[v]);
+                bad += memcmp(q[0], q[v], COLS) != 0 || memcmp(d[0], d[v], (size_t)ng * sizeof(float)) != 0 ||
+                       memcmp(corr[0], corr[v], (size_t)ng * sizeof(int32_t)) != 0;
+            }
+        }
+    }
+    CHECK_MSG(bad == 0, "SIMD activation quantizers differ from the reference in %d cases", bad);
+#endif
+}
+
+/* lp_matmul_multi (q, k, v-like weights sharing one input) gives the bits
+ * of separate lp_matmul calls, on the packed single-pass path and on the
+ * fallback (mixed types), for decode and prefill batches, 1 and 2 threads. */
+static void test_matmul_multi(void) {
+    lp_rng rng;
+    lp_rng_seed(&rng, 17);
+    lp_error err;
+    lp_threadpool *pool2 = lp_threadpool_create(2, &err);
+    CHECK(pool2 != NULL);
+    int_level_setup levels[5];
+    int n_levels = int_levels(levels);
+    enum { COLS = 256, NB = 19 };
+    static const int64_t rows[3] = {48, 16, 37};
+    float *X = rand_normal(&rng, NB * COLS, 1.0f);
+    void *mem[3];
+    lp_weight W[3], Wmixed[3];
+    float *Ysep[3], *Ymulti[3];
+    for (int i = 0; i < 3; i++) {
+        float *wf = rand_normal(&rng, rows[i] * COLS, 0.05f);
+        mem[i] = malloc(lp_pack_bytes(LP_W4, rows[i], COLS, 64));
+        CHECK(lp_pack_weight(LP_W4, 64, wf, rows[i], COLS, mem[i]) == 0);
+        W[i] = lp_packed_weight(LP_W4, 64, rows[i], COLS, mem[i]);
+        Ysep[i] = malloc((size_t)(NB * (rows[i] + 1)) * sizeof(float));
+        Ymulti[i] = malloc((size_t)(NB * (rows[i] + 1)) * sizeof(float));
+        free(wf);
+    }
+    /* the third as W8: the mixed set takes the fallback */
+    float *wf8 = rand_normal(&rng, rows[2] * COLS, 0.05f);
+    void *mem8 = malloc(lp_pack_bytes(LP_W8, rows[2], COLS, 32));
+    lp_pack_weight(LP_W8, 32, wf8, rows[2], COLS, mem8);
+    Wmixed[0] = W[0];
+    Wmixed[1] = W[1];
+    Wmixed[2] = lp_packed_weight(LP_W8, 32, rows[2], COLS, mem8);
+    int64_t ys[3] = {rows[0] + 1, rows[1] + 1, rows[2] + 1};
+    int bad = 0;
+    for (int l = 0; l < n_levels; l++) {
+        CHECK(lp_kernels_reserve(&levels[l].k, NB, COLS, &err) == 0);
+        for (int mixed = 0; mixed < 2; mixed++)
+            for (int threads = 1; threads <= 2; threads++)
+                for (int64_t nb = 1; nb <= NB; nb += NB - 1) {
+                    const lp_weight *ws[3] = {&W[0], &W[1], mixed ? &Wmixed[2] : &W[2]};
+                    for (int i = 0; i < 3; i++) {
+                        lp_matmul(&levels[l].k, threads == 2 ? pool2 : NULL, ws[i], X, COLS, nb, Ysep[i], ys[i]);
+                        for (int64_t j = 0; j < NB * ys[i]; j++) Ymulti[i][j] = 777.0f;
+                    }
+                    lp_matmul_multi(&levels[l].k, threads == 2 ? pool2 : NULL, 3, ws, X, COLS, nb, Ymulti, ys);
+                    for (int i = 0; i < 3; i++)
+                        for (int64_t b = 0; b < nb; b++) {
+                            bad += memcmp(Ysep[i] + b * ys[i], Ymulti[i] + b * ys[i], (size_t)rows[i] * sizeof(float)) != 0;
+                            bad += Ymulti[i][b * ys[i] + rows[i]] != 777.0f; /* no write past the rows */
+                        }
+                }
+        lp_kernels_free(&levels[l].k);
+    }
+    CHECK_MSG(bad == 0, "lp_matmul_multi: %d rows differ from separate lp_matmul calls", bad);
+    for (int i = 0; i < 3; i++) {
+        free(mem[i]);
+        free(Ysep[i]);
+        free(Ymulti[i]);
+    }
+    free(wf8);
+    free(mem8);
+    free(X);
+    lp_threadpool_destroy(pool2);
+}
+
 int main(void) {
     test_geometry();
     test_exact_roundtrip();
     test_gguf_repack();
     test_error_bounds();
+    test_quantize_act();
     test_matmul();
+    test_matmul_multi();
     return check_summary("intkernels");
 }

@@ -239,7 +239,7 @@ typedef struct level_setup {
     const char *name;
 } level_setup;
 
-static int supported_levels(level_setup out[3]) {
+static int supported_levels(level_setup out[4]) {
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     int n = 0;
@@ -251,6 +251,15 @@ static int supported_levels(level_setup out[3]) {
     if (out[n].k.level == 1) out[n++].name = "avx2";
     lp_kernels_init(&out[n].k, &cpu);
     if (out[n].k.level == 2) out[n++].name = "avx512";
+#if defined(__aarch64__)
+    lp_kernels_init(&out[n].k, &cpu);
+    if (out[n].k.int_level == LP_INT_NEON_DOT) out[n++].name = "neon-dotprod";
+#endif
+    if (out[n - 1].k.int_level == LP_INT_AMX) { /* the VNNI kernel too */
+        out[n] = out[n - 1];
+        out[n].k.int_level = LP_INT_AVX512VNNI;
+        out[n++].name = "avx512 (vnni integer kernels)";
+    }
     return n;
 }
 
@@ -365,7 +374,7 @@ static void test_roundtrip(void) {
 
     /* The SIMD-compiled decoders used by lp_matmul give the very same bits. */
     float z[N];
-    level_setup levels[3];
+    level_setup levels[4];
     int n_levels = supported_levels(levels);
     for (size_t t = 0; t < N_TYPES; t++) {
         fill_test_row(&rng, x, N, 1);
@@ -440,7 +449,7 @@ static void check_matmul_case(level_setup *levels, int n_levels, lp_threadpool *
 }
 
 static void test_matmul(void) {
-    level_setup levels[3];
+    level_setup levels[4];
     int n_levels = supported_levels(levels);
     printf("kernels: testing %d dispatch level(s):", n_levels);
     for (int i = 0; i < n_levels; i++) printf(" %s", levels[i].name);
@@ -473,6 +482,101 @@ static void test_matmul(void) {
     lp_weight q2 = {.type = LP_Q2_K, .rows = 2, .cols = 256, .row_bytes = 84, .data = junk};
     lp_matmul(&levels[n_levels - 1].k, pools[1], &q2, xs, 256, 1, ys, 2);
     CHECK(ys[0] == 0.0f && ys[1] == 0.0f);
+    lp_threadpool_destroy(pools[0]);
+    lp_threadpool_destroy(pools[1]);
+}
+
+/* ---- batch invariance ------------------------------------------------------------ */
+
+/* The engine promises that a sequence computed inside a batch (any size,
+ * any position, any thread count, any scratch slicing) gives the very same
+ * bits as computed alone. Y rows from batches of 1, 3, 17 and 64 at two
+ * offsets, on 1 and 2 threads, must memcmp-equal the row computed alone. */
+typedef struct inv_type { uint32_t type; int group; bool int8_act; } inv_type;
+
+static int invariance_case(const lp_kernels *k, lp_threadpool **pools, const lp_weight *W, const float *X,
+                           int64_t nx, const float *alone, float *Y) {
+    static const int64_t sizes[] = {1, 3, 17, 64};
+    int bad = 0;
+    for (int p = 0; p < 2; p++)
+        for (size_t si = 0; si < sizeof sizes / sizeof sizes[0]; si++) {
+            /* slices start at row 0 or row 5: rows sit at other positions */
+            int64_t offset = (int64_t)((si + (size_t)p) % 2) * 5;
+            for (int64_t b0 = offset; b0 < nx; b0 += sizes[si]) {
+                int64_t nb = nx - b0 < sizes[si] ? nx - b0 : sizes[si];
+                lp_matmul(k, pools[p], W, X + b0 * W->cols, W->cols, nb, Y + b0 * W->rows, W->rows);
+            }
+            for (int64_t b = offset; b < nx; b++)
+                bad += memcmp(Y + b * W->rows, alone + b * W->rows, (size_t)W->rows * sizeof(float)) != 0;
+        }
+    return bad;
+}
+
+static void test_batch_invariance(void) {
+    level_setup levels[4];
+    int n_levels = supported_levels(levels);
+    lp_error err;
+    lp_threadpool *pools[2] = {lp_threadpool_create(1, &err), lp_threadpool_create(2, &err)};
+    CHECK(pools[0] && pools[1]);
+    if (!pools[0] || !pools[1]) return;
+    static const inv_type types[] = {
+        {LP_F32, 0, false},  {LP_F16, 0, false},  {LP_BF16, 0, false}, {LP_Q8_0, 0, false},
+        {LP_Q4_0, 0, false}, {LP_Q4_1, 0, false}, {LP_Q5_0, 0, false}, {LP_Q5_1, 0, false},
+        {LP_Q4_K, 0, false}, {LP_Q5_K, 0, false}, {LP_Q6_K, 0, false}, {LP_W4, 32, true},
+        {LP_W4, 64, true},   {LP_W4, 128, true},  {LP_W8, 32, true},   {LP_W8, 1280, true},
+        {LP_W4, 32, false},  {LP_W8, 32, false},
+    };
+    enum { NX = 64, ROWS = 21 };
+    lp_rng rng;
+    lp_rng_seed(&rng, 77);
+    const int64_t max_cols = 1280;
+    float *wf = malloc((size_t)(ROWS * max_cols) * sizeof(float));
+    float *X = malloc((size_t)(NX * max_cols) * sizeof(float));
+    float *alone = malloc((size_t)(NX * ROWS) * sizeof(float)), *Y = malloc((size_t)(NX * ROWS) * sizeof(float));
+    uint8_t *wq = malloc((size_t)ROWS * lp_dtype_row_bytes(LP_F32, (uint64_t)max_cols));
+    for (int64_t i = 0; i < ROWS * max_cols; i++) wf[i] = lp_rng_normal(&rng) * 0.05f;
+    for (int64_t i = 0; i < NX * max_cols; i++) X[i] = lp_rng_normal(&rng) * (i % 13 == 0 ? 10.0f : 1.0f);
+    for (size_t t = 0; t < sizeof types / sizeof types[0]; t++) {
+        const inv_type *it = &types[t];
+        bool packed = it->type == LP_W4 || it->type == LP_W8;
+        /* F32/F16/BF16 and packed weights: > 1024 columns (two LP_CHUNK /
+         * AMX chunks) with a tail that is not a multiple of the vector
+         * width where the block size allows; the other types share the
+         * same tile code and take fewer columns (ASan run time). */
+        int64_t be = packed ? 32 : type_block_elems(it->type);
+        int64_t cols = be == 1 ? 1037 : packed ? (it->group <= 32 ? 1056 : 1280) : be == 32 ? 544 : 768;
+        lp_weight W;
+        if (packed) {
+            CHECK(lp_pack_weight(it->type, it->group, wf, ROWS, cols, wq) == 0);
+            W = lp_packed_weight(it->type, it->group, ROWS, cols, wq);
+        } else {
+            size_t rb = lp_dtype_row_bytes(it->type, (uint64_t)cols);
+            for (int64_t r = 0; r < ROWS; r++) lp_quantize_row(it->type, wf + r * cols, wq + (size_t)r * rb, cols);
+            W = (lp_weight){.type = it->type, .rows = ROWS, .cols = cols, .row_bytes = rb, .data = wq};
+        }
+        for (int l = 0; l < n_levels; l++) {
+            lp_kernels k = levels[l].k;
+            k.int8_activations = it->int8_act;
+            CHECK(lp_kernels_reserve(&k, NX, cols, &err) == 0);
+            for (int64_t b = 0; b < NX; b++) lp_matmul(&k, NULL, &W, X + b * cols, cols, 1, alone + b * ROWS, ROWS);
+            int bad = invariance_case(&k, pools, &W, X, NX, alone, Y);
+            /* scratch for 5 rows: bigger batches run in slices */
+            lp_kernels small = k;
+            small.scratch = NULL;
+            small.scratch_bytes = 0;
+            CHECK(lp_kernels_reserve(&small, 5, cols, &err) == 0);
+            if (packed && it->int8_act) bad += invariance_case(&small, pools, &W, X, NX, alone, Y);
+            CHECK_MSG(bad == 0, "batch invariance %s g%d %s, level %s: %d rows differ", lp_dtype_name(it->type),
+                      it->group, it->int8_act ? "int8" : "float", levels[l].name, bad);
+            lp_kernels_free(&small);
+            lp_kernels_free(&k);
+        }
+    }
+    free(wf);
+    free(X);
+    free(alone);
+    free(Y);
+    free(wq);
     lp_threadpool_destroy(pools[0]);
     lp_threadpool_destroy(pools[1]);
 }
@@ -554,7 +658,7 @@ static void test_ops(void) {
     CHECK(bad == 0);
 
     /* every dot_f32, all lengths up to 100 and a long one */
-    level_setup levels[3];
+    level_setup levels[4];
     int n_levels = supported_levels(levels);
     for (int l = 0; l < n_levels; l++) {
         bad = 0;
@@ -577,6 +681,7 @@ int main(void) {
     test_dequant_k();
     test_roundtrip();
     test_matmul();
+    test_batch_invariance();
     test_ops();
     return check_summary("kernels");
 }

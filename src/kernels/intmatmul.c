@@ -6,6 +6,14 @@
  *   2. the output rows (16-row panels) are split between threads and each
  *      runs the integer GEMM kernel of its level: exact int32 dot products
  *      per group, scaled in float (see lp_igemm in kernels_internal.h).
+ *      At LP_INT_AMX, batches of LP_AMX_MIN_BATCH rows or more take the AMX
+ *      tile kernel and smaller ones the AVX-512 VNNI kernel.
+ * Batch invariance: every kernel computes each output element with the
+ * same operations in the same order (exact integer group sums, then one
+ * fma per group in group order), and activation rows are quantized one by
+ * one, so a row's result does not depend on the batch size, its position
+ * in the batch, the slicing over the scratch, the thread count or even the
+ * level.
  * Float path (int8_activations = false, or no scratch): each panel is
  * dequantized chunk by chunk and multiplied by the float tile kernels
  * (W4A16), for accuracy comparisons. */
@@ -49,6 +57,7 @@ const char *lp_int_level_name(int int_level) {
     switch (int_level) {
     case LP_INT_AVX2: return "avx2";
     case LP_INT_AVX512VNNI: return "avx512-vnni";
+    case LP_INT_AMX: return "amx-int8";
     case LP_INT_NEON_DOT: return "neon-dotprod";
     default: return "reference";
     }
@@ -67,8 +76,8 @@ static inline int32_t round_magic(float v) {
     return (int32_t)(r < -127 ? -127 : r > 127 ? 127 : r);
 }
 
-static void quantize_act_row(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d,
-                             int32_t *corr) {
+void lp_quantize_act_ref(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d,
+                         int32_t *corr) {
     for (int64_t g0 = 0, gi = 0; g0 < cols; g0 += group, gi++) {
         float amax = 0;
         for (int i = 0; i < group; i++) amax = fmaxf(amax, fabsf(x[g0 + i]));
@@ -126,10 +135,13 @@ void lp_w8_gemm_ref(const lp_igemm *g) { gemm_ref(g, false); }
 
 typedef void (*igemm_fn)(const lp_igemm *g);
 
-static igemm_fn pick_kernel(int int_level, uint32_t type) {
+static igemm_fn pick_kernel(int int_level, uint32_t type, int64_t nb) {
     bool w4 = type == LP_W4;
     switch (int_level) {
 #if defined(__x86_64__)
+    case LP_INT_AMX:
+        if (nb >= LP_AMX_MIN_BATCH) return w4 ? lp_w4_gemm_amx : lp_w8_gemm_amx;
+        return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
     case LP_INT_AVX2: return w4 ? lp_w4_gemm_avx2 : lp_w8_gemm_avx2;
     case LP_INT_AVX512VNNI: return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
 #endif
@@ -142,60 +154,82 @@ static igemm_fn pick_kernel(int int_level, uint32_t type) {
 
 /* ---- the threaded driver ------------------------------------------------------------ */
 
+/* One integer matmul pass: n weights (q, k, v, or gate, up) applied to the
+ * same input rows, quantized once; their panels are concatenated and split
+ * evenly between the threads. */
 typedef struct int_job {
     const lp_kernels *k;
-    const lp_weight *W;
-    lp_packed_geom geom;
+    int n;
+    const lp_weight *W[LP_MATMUL_MULTI_MAX];
+    lp_packed_geom geom[LP_MATMUL_MULTI_MAX];
+    float *Y[LP_MATMUL_MULTI_MAX];
+    int64_t y_stride[LP_MATMUL_MULTI_MAX];
+    int64_t total_panels;
     const float *X;
     int64_t x_stride, nb;
     lp_qact a;
-    float *Y;
-    int64_t y_stride;
 } int_job;
 
 static void quant_worker(void *ctx, int ti, int nt) {
     const int_job *job = ctx;
     int64_t b0, b1;
     lp_split_range(job->nb, ti, nt, 1, &b0, &b1);
-    int offset = job->W->type == LP_W4 ? 8 : 128;
+    int offset = job->W[0]->type == LP_W4 ? 8 : 128;
     const lp_qact *a = &job->a;
+    void (*quantize)(const float *, int64_t, int, int, int8_t *, float *, int32_t *) = lp_quantize_act_ref;
+#if defined(__x86_64__)
+    if (job->k->int_level == LP_INT_AVX512VNNI || job->k->int_level == LP_INT_AMX) quantize = lp_quantize_act_avx512;
+    else if (job->k->int_level == LP_INT_AVX2) quantize = lp_quantize_act_avx2;
+#endif
     for (int64_t b = b0; b < b1; b++)
-        quantize_act_row(job->X + b * job->x_stride, job->W->cols, job->geom.group, offset,
-                         a->q + b * a->q_stride, a->d + b * a->groups, a->corr + b * a->groups);
+        quantize(job->X + b * job->x_stride, job->W[0]->cols, job->geom[0].group, offset, a->q + b * a->q_stride,
+                 a->d + b * a->groups, a->corr + b * a->groups);
 }
 
 static void gemm_worker(void *ctx, int ti, int nt) {
     const int_job *job = ctx;
-    lp_igemm g = {job->W->data, job->geom, job->W->rows, 0, 0, &job->a, job->nb, job->Y, job->y_stride};
-    lp_split_range(job->geom.panels, ti, nt, 1, &g.p0, &g.p1);
-    if (g.p0 < g.p1) pick_kernel(job->k->int_level, job->W->type)(&g);
+    int64_t p0, p1;
+    lp_split_range(job->total_panels, ti, nt, 1, &p0, &p1);
+    igemm_fn kernel = pick_kernel(job->k->int_level, job->W[0]->type, job->nb);
+    int64_t base = 0;
+    for (int i = 0; i < job->n && p0 < p1; base += job->geom[i].panels, i++) {
+        int64_t lo = p0 - base, hi = p1 - base;
+        if (lo < 0) lo = 0;
+        if (hi > job->geom[i].panels) hi = job->geom[i].panels;
+        if (lo >= hi) continue;
+        lp_igemm g = {job->W[i]->data, job->geom[i], job->W[i]->rows, lo, hi, &job->a, job->nb, job->Y[i],
+                      job->y_stride[i]};
+        kernel(&g);
+    }
 }
 
-/* Float path: 16 dequantized rows x FLOAT_CHUNK columns per step. */
+/* Float path: 16 dequantized rows x FLOAT_CHUNK columns per step (one
+ * weight: job->W[0]). */
 #define FLOAT_CHUNK 256
 
 static void float_worker(void *ctx, int ti, int nt) {
     const int_job *job = ctx;
-    const lp_packed_geom *ge = &job->geom;
+    const lp_packed_geom *ge = &job->geom[0];
+    const lp_weight *W = job->W[0];
     int64_t p0, p1;
     lp_split_range(ge->panels, ti, nt, 1, &p0, &p1);
     _Alignas(64) float buf[LP_PANEL][FLOAT_CHUNK];
-    const int64_t cols = job->W->cols;
+    const int64_t cols = W->cols;
     for (int64_t p = p0; p < p1; p++) {
         for (int64_t c0 = 0; c0 < cols; c0 += FLOAT_CHUNK) {
             int64_t n = cols - c0 < FLOAT_CHUNK ? cols - c0 : FLOAT_CHUNK;
-            lp_packed_dequant_panel(job->W->type, ge, job->W->data, p, c0, n, &buf[0][0], FLOAT_CHUNK);
+            lp_packed_dequant_panel(W->type, ge, W->data, p, c0, n, &buf[0][0], FLOAT_CHUNK);
             for (int t = 0; t < LP_PANEL / LP_TILE_ROWS; t++) {
                 int64_t r = p * LP_PANEL + t * LP_TILE_ROWS;
-                if (r >= job->W->rows) break;
+                if (r >= W->rows) break;
                 lp_tile tile = {
-                    .nr = (int)(job->W->rows - r < LP_TILE_ROWS ? job->W->rows - r : LP_TILE_ROWS),
+                    .nr = (int)(W->rows - r < LP_TILE_ROWS ? W->rows - r : LP_TILE_ROWS),
                     .x = job->X + c0,
                     .x_stride = job->x_stride,
                     .n_batch = job->nb,
                     .n = n,
-                    .y = job->Y + r,
-                    .y_stride = job->y_stride,
+                    .y = job->Y[0] + r,
+                    .y_stride = job->y_stride[0],
                     .accumulate = c0 > 0,
                 };
                 for (int i = 0; i < LP_TILE_ROWS; i++) tile.w[i] = buf[t * LP_TILE_ROWS + (i < tile.nr ? i : tile.nr - 1)];
@@ -205,36 +239,77 @@ static void float_worker(void *ctx, int ti, int nt) {
     }
 }
 
+/* The integer path for job->n weights sharing one type, group and column
+ * count: the batch in slices that fit the scratch, each slice quantized
+ * once, then one GEMM pass over every weight's panels. */
+static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_t n_batch, double work) {
+    const lp_kernels *k = job->k;
+    /* Small jobs run on the calling thread: waking the pool costs more. */
+    lp_threadpool *gemm_pool = job->total_panels <= 1 || work < 65536.0 ? NULL : pool;
+    const float *X = job->X;
+    float *Y[LP_MATMUL_MULTI_MAX];
+    memcpy(Y, job->Y, sizeof Y);
+    for (int64_t b0 = 0; b0 < n_batch; b0 += slice) {
+        job->nb = n_batch - b0 < slice ? n_batch - b0 : slice;
+        job->X = X + b0 * job->x_stride;
+        for (int i = 0; i < job->n; i++) job->Y[i] = Y[i] + b0 * job->y_stride[i];
+        uint8_t *s = k->scratch;
+        job->a.q_stride = round64(job->W[0]->cols);
+        job->a.groups = job->geom[0].groups;
+        job->a.q = (int8_t *)s;
+        job->a.d = (float *)(s + (size_t)job->nb * (size_t)job->a.q_stride);
+        job->a.corr = (int32_t *)(job->a.d + job->nb * job->a.groups);
+        /* Quantizing one or two rows is quicker than a pool round trip. */
+        lp_threadpool_run(job->nb >= 4 ? gemm_pool : NULL, quant_worker, job);
+        lp_threadpool_run(gemm_pool, gemm_worker, job);
+    }
+}
+
+/* Batch rows per slice the scratch holds for this geometry (0: none). */
+static int64_t scratch_slice(const lp_kernels *k, int64_t cols, const lp_packed_geom *g) {
+    size_t per_row = act_row_bytes(cols, g->groups);
+    return k->scratch ? (int64_t)(k->scratch_bytes / per_row) : 0;
+}
+
 /* Called by lp_matmul for LP_W4/LP_W8. Returns false for a malformed
  * weight (the caller zeroes Y). */
 bool lp_matmul_packed(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W, const float *X,
                       int64_t x_stride, int64_t n_batch, float *Y, int64_t y_stride) {
-    int_job job = {.k = k, .W = W, .X = X, .x_stride = x_stride, .Y = Y, .y_stride = y_stride};
-    if (!lp_packed_geometry(W->type, W->rows, W->cols, W->group, &job.geom)) return false;
-    /* Small jobs run on the calling thread: waking the pool costs more. */
-    bool small = W->rows <= LP_PANEL || (double)W->rows * (double)W->cols * (double)n_batch < 65536.0;
-    lp_threadpool *gemm_pool = small ? NULL : pool;
-    size_t per_row = act_row_bytes(W->cols, job.geom.groups);
-    int64_t slice = k->scratch ? (int64_t)(k->scratch_bytes / per_row) : 0;
+    int_job job = {.k = k, .n = 1, .W = {W}, .Y = {Y}, .y_stride = {y_stride}, .X = X, .x_stride = x_stride};
+    if (!lp_packed_geometry(W->type, W->rows, W->cols, W->group, &job.geom[0])) return false;
+    job.total_panels = job.geom[0].panels;
+    double work = (double)W->rows * (double)W->cols * (double)n_batch;
+    int64_t slice = scratch_slice(k, W->cols, &job.geom[0]);
     if (!k->int8_activations || slice == 0) {
         job.nb = n_batch;
-        lp_threadpool_run(gemm_pool, float_worker, &job);
+        bool small = W->rows <= LP_PANEL || work < 65536.0;
+        lp_threadpool_run(small ? NULL : pool, float_worker, &job);
         return true;
     }
-    for (int64_t b0 = 0; b0 < n_batch; b0 += slice) {
-        job.nb = n_batch - b0 < slice ? n_batch - b0 : slice;
-        job.X = X + b0 * x_stride;
-        job.Y = Y + b0 * y_stride;
-        uint8_t *s = k->scratch;
-        job.a.q_stride = round64(W->cols);
-        job.a.groups = job.geom.groups;
-        job.a.q = (int8_t *)s;
-        job.a.d = (float *)(s + (size_t)job.nb * (size_t)job.a.q_stride);
-        job.a.corr = (int32_t *)(job.a.d + job.nb * job.a.groups);
-        /* Quantizing one or two rows is quicker than a pool round trip. */
-        lp_threadpool_run(job.nb >= 4 ? gemm_pool : NULL, quant_worker, &job);
-        lp_threadpool_run(gemm_pool, gemm_worker, &job);
+    run_int_job(&job, pool, slice, n_batch, work);
+    return true;
+}
+
+bool lp_matmul_packed_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_weight *const *W,
+                            const float *X, int64_t x_stride, int64_t n_batch, float *const *Y,
+                            const int64_t *y_stride) {
+    if (n < 1 || n > LP_MATMUL_MULTI_MAX || !k->int8_activations) return false;
+    int_job job = {.k = k, .n = n, .X = X, .x_stride = x_stride};
+    double work = 0;
+    for (int i = 0; i < n; i++) {
+        const lp_weight *w = W[i];
+        if (w->type != W[0]->type || w->cols != W[0]->cols || (w->group ? w->group : 32) != (W[0]->group ? W[0]->group : 32))
+            return false;
+        if (w->rows <= 0 || !lp_packed_geometry(w->type, w->rows, w->cols, w->group, &job.geom[i])) return false;
+        job.W[i] = w;
+        job.Y[i] = Y[i];
+        job.y_stride[i] = y_stride[i];
+        job.total_panels += job.geom[i].panels;
+        work += (double)w->rows * (double)w->cols * (double)n_batch;
     }
+    int64_t slice = scratch_slice(k, W[0]->cols, &job.geom[0]);
+    if (slice == 0) return false;
+    run_int_job(&job, pool, slice, n_batch, work);
     return true;
 }
 

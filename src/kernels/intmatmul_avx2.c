@@ -13,6 +13,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 #include <string.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
@@ -104,6 +105,42 @@ AVX2 INLINE void gemm(const lp_igemm *g, bool w4) {
         int64_t b0 = 0;
         for (; b0 + 2 <= g->nb; b0 += 2) tile(g, w4, p, b0, 2);
         if (b0 < g->nb) tile(g, w4, p, b0, 1);
+    }
+}
+
+/* The activation quantizer of intmatmul.c (lp_quantize_act_ref) with the same arithmetic, 8
+ * lanes at a time (see lp_quantize_act_avx512): bit-identical results. */
+AVX2 void lp_quantize_act_avx2(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d,
+                               int32_t *corr) {
+    const __m256 magic = _mm256_set1_ps(12582912.0f);
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    const __m256i magic_bits = _mm256_set1_epi32(0x4B400000);
+    const __m256i lo = _mm256_set1_epi32(0x4B400000 - 127), hi = _mm256_set1_epi32(0x4B400000 + 127);
+    for (int64_t g0 = 0, gi = 0; g0 < cols; g0 += group, gi++) {
+        __m256 m = _mm256_setzero_ps();
+        /* maxps returns its second operand when the first is NaN: NaN is
+         * ignored, as by fmaxf */
+        for (int i = 0; i < group; i += 8) m = _mm256_max_ps(_mm256_and_ps(_mm256_loadu_ps(x + g0 + i), abs_mask), m);
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps(m, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        float amax = _mm_cvtss_f32(m4);
+        float id = amax > 0 && isfinite(amax) ? 127.0f / amax : 0.0f;
+        __m256 idv = _mm256_set1_ps(id);
+        __m256i sum = _mm256_setzero_si256();
+        for (int i = 0; i < group; i += 8) {
+            __m256 t = _mm256_add_ps(_mm256_mul_ps(_mm256_loadu_ps(x + g0 + i), idv), magic);
+            __m256i bits = _mm256_min_epi32(_mm256_max_epi32(_mm256_castps_si256(t), lo), hi);
+            __m256i r = _mm256_sub_epi32(bits, magic_bits);
+            sum = _mm256_add_epi32(sum, r);
+            __m128i p16 = _mm_packs_epi32(_mm256_castsi256_si128(r), _mm256_extracti128_si256(r, 1));
+            _mm_storel_epi64((__m128i *)(q + g0 + i), _mm_packs_epi16(p16, p16));
+        }
+        __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(sum), _mm256_extracti128_si256(sum, 1));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+        s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+        d[gi] = id > 0 ? amax / 127.0f : 0.0f;
+        corr[gi] = -offset * _mm_cvtsi128_si32(s4);
     }
 }
 

@@ -120,10 +120,39 @@ static void dequant_lane(uint32_t type, const lp_packed_geom *g, const uint8_t *
     }
 }
 
+/* All 16 rows at once: the scales are converted once per group, and each
+ * 64-byte chunk is read once (same values as dequant_lane). */
 void lp_packed_dequant_panel(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t p,
                              int64_t c0, int64_t n, float *out, int64_t out_stride) {
     const uint8_t *panel = panel_ptr(g, data, p);
-    for (int lane = 0; lane < LP_PANEL; lane++) dequant_lane(type, g, panel, lane, c0, n, out + lane * out_stride);
+    const uint8_t *codes0 = panel + (size_t)g->groups * 32;
+    float d[LP_PANEL];
+    int64_t grp = -1;
+    for (int64_t c = c0; c < c0 + n; c += 8) {
+        if (c / g->group != grp) {
+            grp = c / g->group;
+            for (int lane = 0; lane < LP_PANEL; lane++) d[lane] = scale_of(g, panel, grp, lane);
+        }
+        int i = (int)(c % g->group);
+        const uint8_t *codes = codes0 + (size_t)grp * g->code_bytes;
+        float *dst = out + (c - c0);
+        if (type == LP_W4) {
+            const uint8_t *chunk = codes + 64 * (i / 8);
+            for (int lane = 0; lane < LP_PANEL; lane++)
+                for (int j = 0; j < 4; j++) {
+                    uint8_t byte = chunk[4 * lane + j];
+                    dst[lane * out_stride + j] = (float)((byte & 0x0f) - 8) * d[lane];
+                    dst[lane * out_stride + j + 4] = (float)((byte >> 4) - 8) * d[lane];
+                }
+        } else {
+            const uint8_t *chunk = codes + 64 * (i / 4);
+            for (int lane = 0; lane < LP_PANEL; lane++)
+                for (int j = 0; j < 4; j++) {
+                    dst[lane * out_stride + j] = (float)((int)chunk[4 * lane + j] - 128) * d[lane];
+                    dst[lane * out_stride + j + 4] = (float)((int)chunk[64 + 4 * lane + j] - 128) * d[lane];
+                }
+        }
+    }
 }
 
 void lp_packed_dequant_row(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t row,
@@ -181,48 +210,109 @@ static float quantize_with(const float *x, int n, float d, int lo, int hi, int8_
     return err;
 }
 
+/* W4 codes of x[0..n) for the inverse scale id: rounded half up and
+ * clamped to [-8, 7], branch-free so the compiler vectorizes it (x holds
+ * no NaN: see quantize_w4_group). */
+static void w4_codes(const float *x, int n, float id, int8_t *q) {
+    for (int i = 0; i < n; i++) {
+        float v = x[i] * id;
+        v = v < -8.0f ? -8.0f : v;
+        v = v > 7.0f ? 7.0f : v;
+        q[i] = (int8_t)((int)(v + 8.5f) - 8); /* v + 8.5 > 0: truncation is floor */
+    }
+}
+
+/* The sums below keep 8 partial sums (n is a multiple of 8) so that the
+ * compiler may vectorize them without reassociating anything. */
+
+/* Squared error of x against d * q. */
+static float w4_error(const float *x, int n, float d, const int8_t *q) {
+    float acc[8] = {0};
+    for (int i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            float e = x[i + j] - d * (float)q[i + j];
+            acc[j] += e * e;
+        }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* The f16 least-squares scale sum(x q) / sum(q q) for fixed codes q
+ * (0 when every code is 0). */
+static uint16_t w4_ls_scale(const float *x, int n, const int8_t *q) {
+    float sxq[8] = {0}, sqq[8] = {0};
+    for (int i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            sxq[j] += x[i + j] * (float)q[i + j];
+            sqq[j] += (float)q[i + j] * (float)q[i + j];
+        }
+    float a = ((sxq[0] + sxq[1]) + (sxq[2] + sxq[3])) + ((sxq[4] + sxq[5]) + (sxq[6] + sxq[7]));
+    float b = ((sqq[0] + sqq[1]) + (sqq[2] + sqq[3])) + ((sqq[4] + sqq[5]) + (sqq[6] + sqq[7]));
+    return b > 0 ? scale_to_f16(a / b) : 0;
+}
+
+typedef struct w4_best {
+    uint16_t h;
+    float err;
+    int8_t q[128];
+} w4_best;
+
+/* Codes for the f16 scale h; keeps them when their error beats *best. */
+static void w4_try(const float *x, int n, uint16_t h, w4_best *best) {
+    float d = lp_f16_to_f32(h);
+    int8_t q[128];
+    w4_codes(x, n, d != 0 ? 1.0f / d : 0.0f, q);
+    float err = w4_error(x, n, d, q);
+    if (err < best->err) {
+        best->err = err;
+        best->h = h;
+        memcpy(best->q, q, (size_t)n);
+    }
+}
+
 /* W4 group: the plain choice maps the element of largest magnitude to -8
  * (as Q4_0 does). The search also tries other divisors near 8 on both
- * signs, and for each rounding pattern the least-squares scale
- * sum(x q) / sum(q q); the best squared error after rounding the scale to
- * f16 wins. */
-static uint16_t quantize_w4_group(const float *x, int n, bool search, int8_t *q) {
+ * signs, each refitted to the least-squares scale of its rounding pattern
+ * (stored as f16), then polishes the winner: two more least-squares
+ * refits and the neighbouring f16 scales. The smallest squared error
+ * after rounding wins, so it is never worse than the plain choice. */
+static uint16_t quantize_w4_group(const float *x_in, int n, bool search, int8_t *q) {
     if (n <= 0 || n > 128) return 0; /* groups are 32, 64 or 128 */
-    float amax = 0, m = 0;
-    for (int i = 0; i < n; i++)
+    float x[128], amax = 0, m = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = isnan(x_in[i]) ? 0.0f : x_in[i]; /* NaN weights quantize as 0 */
         if (fabsf(x[i]) > amax) {
             amax = fabsf(x[i]);
             m = x[i];
         }
+    }
     if (!(amax > 0) || !isfinite(amax)) {
         memset(q, 0, (size_t)n);
         return 0;
     }
-    uint16_t best_h = scale_to_f16(m / -8.0f);
-    float best_err = quantize_with(x, n, lp_f16_to_f32(best_h), -8, 7, q);
-    if (!search) return best_h;
+    w4_best best = {.err = INFINITY};
+    w4_try(x, n, scale_to_f16(m / -8.0f), &best);
+    if (!search) {
+        memcpy(q, best.q, (size_t)n);
+        return best.h;
+    }
     int8_t trial[128];
     for (int side = 0; side < 2; side++)
         for (int step = -6; step <= 12; step++) {
             /* the extreme element lands on about -8 (side 0) or +7 (side 1) */
             float target = side == 0 ? -8.0f - 0.1f * (float)step : 7.0f + 0.1f * (float)step;
-            float id = target / m;
-            double sxq = 0, sqq = 0;
-            for (int i = 0; i < n; i++) {
-                int c = clamp_round(x[i] * id, -8, 7);
-                sxq += (double)x[i] * c;
-                sqq += (double)c * c;
-            }
-            if (sqq <= 0) continue;
-            uint16_t h = scale_to_f16((float)(sxq / sqq));
-            float err = quantize_with(x, n, lp_f16_to_f32(h), -8, 7, trial);
-            if (err < best_err) {
-                best_err = err;
-                best_h = h;
-                memcpy(q, trial, (size_t)n);
-            }
+            w4_codes(x, n, target / m, trial);
+            uint16_t h = w4_ls_scale(x, n, trial);
+            if (h) w4_try(x, n, h, &best);
         }
-    return best_h;
+    for (int it = 0; it < 2; it++) {
+        uint16_t h = w4_ls_scale(x, n, best.q);
+        if (h) w4_try(x, n, h, &best);
+    }
+    uint16_t h = best.h;
+    if ((h & 0x7fff) > 1) w4_try(x, n, (uint16_t)(h - 1), &best);
+    if ((h & 0x7fff) < 0x7bff) w4_try(x, n, (uint16_t)(h + 1), &best);
+    memcpy(q, best.q, (size_t)n);
+    return best.h;
 }
 
 int lp_pack_weight_ex(uint32_t type, int group, const float *src, int64_t rows, int64_t cols, void *dst,

@@ -71,7 +71,10 @@ lp_weight lp_packed_weight(uint32_t type, int group, int64_t rows, int64_t cols,
 /* ---- matmul ------------------------------------------------------------ */
 
 /* Integer kernel levels for the packed types (lp_kernels.int_level). */
-enum { LP_INT_REF = 0, LP_INT_AVX2 = 1, LP_INT_AVX512VNNI = 2, LP_INT_NEON_DOT = 3 };
+enum { LP_INT_REF = 0, LP_INT_AVX2 = 1, LP_INT_AVX512VNNI = 2, LP_INT_NEON_DOT = 3,
+       /* AMX tiles for batches (prefill), AVX-512 VNNI below LP_AMX_MIN_BATCH
+        * rows; same bits as every other level */
+       LP_INT_AMX = 4 };
 
 /* Kernel dispatch table, filled once per context from the CPU features. */
 typedef struct lp_kernels {
@@ -106,6 +109,16 @@ const char *lp_int_level_name(int int_level);
 void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
                const float *X, int64_t x_stride, int64_t n_batch, float *Y,
                int64_t y_stride);
+/* Several weights applied to the same input, e.g. q, k, v or gate, up:
+ * Y[i] = X W[i]^T for i < n, with the same bits as n lp_matmul calls. For
+ * packed weights of one type, group and width (the int8 path) the input is
+ * quantized once and all the weights' rows share one pass over the pool:
+ * fewer thread round trips per token. Anything else (or n >
+ * LP_MATMUL_MULTI_MAX) runs as n lp_matmul calls. */
+#define LP_MATMUL_MULTI_MAX 8
+void lp_matmul_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_weight *const *W,
+                     const float *X, int64_t x_stride, int64_t n_batch, float *const *Y,
+                     const int64_t *y_stride);
 /* Plain reference: dequantize each row, double-free float dot. */
 void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
                    int64_t n_batch, float *Y, int64_t y_stride);

@@ -80,7 +80,21 @@ void lp_w4_gemm_avx2(const lp_igemm *g);
 void lp_w8_gemm_avx2(const lp_igemm *g);
 void lp_w4_gemm_vnni(const lp_igemm *g);
 void lp_w8_gemm_vnni(const lp_igemm *g);
+void lp_w4_gemm_amx(const lp_igemm *g);
+void lp_w8_gemm_amx(const lp_igemm *g);
 #endif
+/* Quantizes one activation row to int8 per group (see lp_qact): the C
+ * reference and an AVX-512 copy with bit-identical results. */
+void lp_quantize_act_ref(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d, int32_t *corr);
+#if defined(__x86_64__)
+void lp_quantize_act_avx512(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d,
+                            int32_t *corr);
+void lp_quantize_act_avx2(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d, int32_t *corr);
+#endif
+/* Whether this CPU and OS run AMX-INT8 (asks Linux for the tile state). */
+bool lp_amx_available(void);
+/* Batches below this many rows take the VNNI kernel at LP_INT_AMX. */
+#define LP_AMX_MIN_BATCH 10
 /* GCC builds the dotprod kernels through a target attribute; clang 14's
  * arm_neon.h only declares the lane forms when the whole file targets
  * dotprod (-march=armv8.2-a+dotprod), so with clang they need that flag. */
@@ -102,6 +116,11 @@ void lp_packed_dequant_row(uint32_t type, const lp_packed_geom *g, const uint8_t
 
 bool lp_matmul_packed(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W, const float *X,
                       int64_t x_stride, int64_t n_batch, float *Y, int64_t y_stride);
+/* lp_matmul_multi for packed weights; false when they do not qualify
+ * (types, groups or widths differ, float path, no scratch). */
+bool lp_matmul_packed_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_weight *const *W,
+                            const float *X, int64_t x_stride, int64_t n_batch, float *const *Y,
+                            const int64_t *y_stride);
 void lp_matmul_ref_packed(const lp_weight *W, const float *X, int64_t x_stride, int64_t n_batch, float *Y,
                           int64_t y_stride);
 

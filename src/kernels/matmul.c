@@ -5,7 +5,13 @@
  * weights are dequantized once into a stack buffer (F32 weights are used in
  * place, F16 ones are converted on the fly for small batches) and then
  * multiplied with every batch row, so quantized weights are decoded once per
- * call however large the batch. Nothing is allocated. */
+ * call however large the batch. Nothing is allocated.
+ *
+ * Batch invariance: each tile kernel computes every output element with
+ * the same sequence of operations whatever the batch size or the row's
+ * position in it (see the tile kernels), chunks are added in column order,
+ * and threads split rows only, so results are bit-identical for any
+ * batching and thread count. */
 #include "kernels_internal.h"
 
 #include <string.h>
@@ -31,7 +37,7 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->dot_f32 = lp_dot_f32_avx2;
     }
     if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni)
-        k->int_level = LP_INT_AVX512VNNI;
+        k->int_level = lp_amx_available() ? LP_INT_AMX : LP_INT_AVX512VNNI;
     else if (avx2)
         k->int_level = LP_INT_AVX2;
 #elif defined(LP_HAVE_NEON_DOT)
@@ -176,6 +182,14 @@ void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
     if (W->rows <= LP_TILE_ROWS || (double)W->rows * (double)W->cols * (double)n_batch < 32768.0)
         pool = NULL;
     lp_threadpool_run(pool, matmul_worker, &job);
+}
+
+void lp_matmul_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_weight *const *W,
+                     const float *X, int64_t x_stride, int64_t n_batch, float *const *Y,
+                     const int64_t *y_stride) {
+    if (n <= 0 || n_batch <= 0) return;
+    if (lp_matmul_packed_multi(k, pool, n, W, X, x_stride, n_batch, Y, y_stride)) return;
+    for (int i = 0; i < n; i++) lp_matmul(k, pool, W[i], X, x_stride, n_batch, Y[i], y_stride[i]);
 }
 
 void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,

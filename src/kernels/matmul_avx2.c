@@ -31,7 +31,10 @@ INLINE void store_result(const lp_tile *t, float *y, int r, int b, float s) {
 }
 
 /* 4 weight rows x B batch rows (B <= 2): 8 accumulators + 4 weight vectors
- * fit in the 16 ymm registers. */
+ * fit in the 16 ymm registers.
+ *
+ * Batch invariance: each output element is one accumulator chain over
+ * 8-wide steps, one hsum, then the scalar tail in order, whatever B is. */
 AVX2 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16) {
     __m256 acc[4][2];
     for (int r = 0; r < 4; r++)
@@ -54,35 +57,11 @@ AVX2 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, boo
         }
 }
 
-/* One batch row: unrolled twice for more FMAs in flight. */
-AVX2 INLINE void tile_4x1(const lp_tile *t, const float *x, float *y, bool f16) {
-    __m256 a0[4], a1[4];
-    for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm256_setzero_ps();
-    const int64_t n = t->n;
-    int64_t i = 0;
-    for (; i + 16 <= n; i += 16) {
-        __m256 x0 = _mm256_loadu_ps(x + i), x1 = _mm256_loadu_ps(x + i + 8);
-        for (int r = 0; r < 4; r++) {
-            a0[r] = _mm256_fmadd_ps(load_w(t->w[r], i, f16), x0, a0[r]);
-            a1[r] = _mm256_fmadd_ps(load_w(t->w[r], i + 8, f16), x1, a1[r]);
-        }
-    }
-    for (; i + 8 <= n; i += 8) {
-        __m256 xv = _mm256_loadu_ps(x + i);
-        for (int r = 0; r < 4; r++) a0[r] = _mm256_fmadd_ps(load_w(t->w[r], i, f16), xv, a0[r]);
-    }
-    for (int r = 0; r < t->nr; r++) {
-        float s = hsum(_mm256_add_ps(a0[r], a1[r]));
-        for (int64_t j = i; j < n; j++) s += scalar_w(t->w[r], j, f16) * x[j];
-        store_result(t, y, r, 0, s);
-    }
-}
-
 AVX2 INLINE void tile_all(const lp_tile *t, bool f16) {
     const int64_t nb = t->n_batch;
     int64_t b = 0;
     for (; b + 2 <= nb; b += 2) tile_4xB(t, t->x + b * t->x_stride, t->y + b * t->y_stride, 2, f16);
-    if (b < nb) tile_4x1(t, t->x + b * t->x_stride, t->y + b * t->y_stride, f16);
+    if (b < nb) tile_4xB(t, t->x + b * t->x_stride, t->y + b * t->y_stride, 1, f16);
 }
 
 AVX2 void lp_tile_f32_avx2(const lp_tile *t) { tile_all(t, false); }

@@ -26,7 +26,14 @@ AVX512 INLINE void store_result(const lp_tile *t, float *y, int r, int b, float 
 }
 
 /* 4 weight rows x B batch rows (B <= 4): 16 accumulators, each weight
- * vector loaded (and converted) once for all B batch rows. */
+ * vector loaded (and converted) once for all B batch rows.
+ *
+ * Batch invariance: every output element is computed by exactly one
+ * accumulator chain, acc = fma(w[i..i+15], x[i..i+15], acc) over 16-wide
+ * steps (the tail masked), then one _mm512_reduce_add_ps, whatever B is,
+ * so a row's result does not depend on the batch size or its position in
+ * the batch. Four rows give four independent chains even at B = 1, which
+ * is plenty for the memory-bound decode case. */
 AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
@@ -54,29 +61,6 @@ AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, b
         for (int b = 0; b < B; b++) store_result(t, y, r, b, _mm512_reduce_add_ps(acc[r][b]));
 }
 
-/* One batch row (decode): memory bound, so unroll twice to keep enough
- * independent FMAs in flight while the weights stream in. */
-AVX512 INLINE void tile_4x1(const lp_tile *t, const float *x, float *y, bool f16) {
-    __m512 a0[4], a1[4];
-    for (int r = 0; r < 4; r++) a0[r] = a1[r] = _mm512_setzero_ps();
-    const int64_t n = t->n;
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        __m512 x0 = _mm512_loadu_ps(x + i), x1 = _mm512_loadu_ps(x + i + 16);
-        for (int r = 0; r < 4; r++) {
-            a0[r] = _mm512_fmadd_ps(load_w(t->w[r], i, f16), x0, a0[r]);
-            a1[r] = _mm512_fmadd_ps(load_w(t->w[r], i + 16, f16), x1, a1[r]);
-        }
-    }
-    for (; i < n; i += 16) {
-        int64_t left = n - i;
-        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-        __m512 xv = _mm512_maskz_loadu_ps(m, x + i);
-        for (int r = 0; r < 4; r++) a0[r] = _mm512_fmadd_ps(load_w_masked(t->w[r], i, m, f16), xv, a0[r]);
-    }
-    for (int r = 0; r < t->nr; r++) store_result(t, y, r, 0, _mm512_reduce_add_ps(_mm512_add_ps(a0[r], a1[r])));
-}
-
 AVX512 INLINE void tile_all(const lp_tile *t, bool f16) {
     const int64_t nb = t->n_batch;
     int64_t b = 0;
@@ -86,7 +70,7 @@ AVX512 INLINE void tile_all(const lp_tile *t, bool f16) {
     switch (nb - b) {
     case 3: tile_4xB(t, x, y, 3, f16); break;
     case 2: tile_4xB(t, x, y, 2, f16); break;
-    case 1: tile_4x1(t, x, y, f16); break;
+    case 1: tile_4xB(t, x, y, 1, f16); break;
     default: break;
     }
 }

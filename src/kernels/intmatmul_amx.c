@@ -1,0 +1,209 @@
+/* AMX integer GEMM for LP_W4 / LP_W8 prefill (layout: intpack.c).
+ *
+ * The packed layout is already AMX's B-tile (VNNI) format: a 64-byte chunk
+ * is 16 output rows x 4 consecutive inputs, i.e. one tile row of K = 4.
+ * W8 chunks are loaded straight from the weights (tdpbsud: signed x
+ * unsigned biased codes); W4 chunks are unpacked once per panel and column
+ * chunk into a small buffer (low nibbles - 8 -> tile row 2k, high nibbles
+ * - 8 -> row 2k + 1; tdpbssd) and reused by every batch block.
+ * The A tile is 16 quantized activation rows x K bytes of one group (K =
+ * 32 or 64), read in place from the scratch; tdpbsud multiplies signed
+ * activations with the unsigned (biased) codes into a 16 x 16 int32 tile.
+ *
+ * Per group the int32 tile is stored and finished with AVX-512 exactly as
+ * the VNNI kernel does: isum = tile (+ corr for W8, cancelling the bias),
+ * acc = fma(float(isum), dw * dx, acc). Integer sums are exact, so results
+ * are bit-identical to every other level; the float accumulators of a
+ * panel live in Y between column chunks (a store and reload is exact).
+ *
+ * Tile registers: 0/1 and 4/5 hold the int32 sums of alternate pairs of
+ * groups (so one pair's multiplies overlap the previous pair's float
+ * work), 2 the activations, 3 the weights. The tile configuration is per thread:
+ * every call loads it and releases the tiles before returning. */
+#include "kernels_internal.h"
+
+#if defined(__x86_64__) && defined(__linux__)
+#include <cpuid.h>
+#include <immintrin.h>
+#include <string.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* W4 columns unpacked per step: 1024 columns = 256 tile rows = 16 KiB. */
+#define AMX_CHUNK 1024
+
+bool lp_amx_available(void) {
+    unsigned a, b, c, d;
+    if (!__get_cpuid_count(7, 0, &a, &b, &c, &d)) return false;
+    bool tile = (d >> 24) & 1, int8 = (d >> 25) & 1;
+    if (!tile || !int8) return false;
+    /* Linux hands out the 8 KiB tile state only on request (per process;
+     * asking again is harmless). */
+    const long arch_req_xcomp_perm = 0x1023, xfeature_xtiledata = 18;
+    return syscall(SYS_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0;
+}
+
+typedef struct tile_config {
+    uint8_t palette, start_row, reserved[14];
+    uint16_t colsb[16];
+    uint8_t rows[16];
+} tile_config;
+
+AMX static void configure(int mb, int K) {
+    tile_config cfg;
+    memset(&cfg, 0, sizeof cfg);
+    cfg.palette = 1;
+    static const int sum_tiles[4] = {0, 1, 4, 5};
+    for (int t = 0; t < 4; t++) {
+        cfg.rows[sum_tiles[t]] = (uint8_t)mb; /* int32 sums */
+        cfg.colsb[sum_tiles[t]] = 64;
+    }
+    cfg.rows[2] = (uint8_t)mb; /* activations */
+    cfg.colsb[2] = (uint16_t)K;
+    cfg.rows[3] = (uint8_t)(K / 4); /* weights */
+    cfg.colsb[3] = 64;
+    _tile_loadconfig(&cfg);
+}
+
+/* Chunks [k0, k0 + nk) of a W4 panel's code stream (8 inputs each) ->
+ * tile rows 2(k-k0) (low nibbles) and 2(k-k0)+1 (high nibbles), made
+ * signed (code - 8) so the sums need no bias correction. */
+AMX INLINE void unpack_w4(const uint8_t *codes, int64_t k0, int64_t nk, uint8_t *out, const uint8_t *next) {
+    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+    for (int64_t k = 0; k < nk; k++) {
+        /* the same codes of the next panel, for the next unpack: with few
+         * batch rows the weights stream from memory */
+        if (next) _mm_prefetch((const char *)next + 64 * (k0 + k), _MM_HINT_T0);
+        __m512i raw = _mm512_loadu_si512(codes + 64 * (k0 + k));
+        __m512i lo = _mm512_sub_epi8(_mm512_and_si512(raw, m4), eight);
+        __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), eight);
+        _mm512_store_si512(out + 128 * k, lo);
+        _mm512_store_si512(out + 128 * k + 64, hi);
+    }
+}
+
+typedef struct amx_block {
+    const lp_igemm *g;
+    const uint8_t *panel; /* scales at panel, per group 32 bytes */
+    const uint8_t *bcodes; /* tile rows (64 bytes per 4 inputs) from column c0 */
+    bool signed_codes;     /* W4 (unpacked, signed) or W8 (biased, needs corr) */
+    int64_t p, c0, n, b0;
+} amx_block;
+
+/* The float half of one group for rows b < mb: acc[b] = fma(float(isum),
+ * dw * dx, acc[b]) with the same operations as the VNNI kernel; isum is
+ * the tile sum (+ corr for biased W8 codes). */
+AMX INLINE void finish_group(const amx_block *k, int64_t gi, int mb, const int32_t sums[16][16], __m512 acc[16]) {
+    const lp_qact *a = k->g->a;
+    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k->panel + (size_t)gi * 32)));
+    for (int b = 0; b < mb; b++) {
+        int64_t at = (k->b0 + b) * a->groups + gi;
+        __m512i isum = _mm512_load_si512(sums[b]);
+        if (!k->signed_codes) isum = _mm512_add_epi32(isum, _mm512_set1_epi32(a->corr[at]));
+        __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[at]));
+        acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dwdx, acc[b]);
+    }
+}
+
+/* Integer sums of group gi into tile T (a constant), stored to out. */
+#define GROUP_SUMS(T, gi, out)                                                                      \
+    do {                                                                                            \
+        _tile_zero(T);                                                                              \
+        for (int s = 0; s < ksteps; s++) {                                                          \
+            int64_t col = (gi) * G + (int64_t)s * K;                                                \
+            _tile_loadd(2, xq + col, qs);                                                           \
+            _tile_loadd(3, k->bcodes + (col - k->c0) / 4 * 64, 64);                                 \
+            if (k->signed_codes) _tile_dpbssd(T, 2, 3);                                             \
+            else _tile_dpbsud(T, 2, 3);                                                             \
+        }                                                                                           \
+        _tile_stored(T, out, 64);                                                                   \
+    } while (0)
+
+/* Columns [c0, c0+n) of panel p for batch rows [b0, b0+mb).
+ * Groups go in pairs, software-pipelined: the tile multiplies of pair j+1
+ * (tiles 4/5 or 0/1, alternating) are issued before the float work of
+ * pair j, so the two overlap. */
+AMX INLINE void block(const amx_block *k, int mb, int K) {
+    const lp_igemm *g = k->g;
+    const int G = g->geom.group, ksteps = G / K;
+    const int64_t qs = g->a->q_stride;
+    const int8_t *xq = g->a->q + k->b0 * qs;
+    float *y = g->y + k->b0 * g->y_stride + k->p * LP_PANEL;
+    int64_t left = g->rows - k->p * LP_PANEL;
+    __mmask16 rows_mask = left >= LP_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    __m512 acc[16];
+    for (int b = 0; b < mb; b++)
+        acc[b] = k->c0 == 0 ? _mm512_setzero_ps() : _mm512_maskz_loadu_ps(rows_mask, y + b * g->y_stride);
+    _Alignas(64) int32_t sums[2][2][16][16];
+    const int64_t g0 = k->c0 / G, ng = k->n / G, npairs = (ng + 1) / 2;
+#define ISSUE(j)                                                                                    \
+    do {                                                                                            \
+        int64_t ga = g0 + 2 * (j);                                                                  \
+        bool two = 2 * (j) + 1 < ng;                                                                \
+        if ((j) & 1) {                                                                              \
+            GROUP_SUMS(4, ga, sums[1][0]);                                                          \
+            if (two) GROUP_SUMS(5, ga + 1, sums[1][1]);                                             \
+        } else {                                                                                    \
+            GROUP_SUMS(0, ga, sums[0][0]);                                                          \
+            if (two) GROUP_SUMS(1, ga + 1, sums[0][1]);                                             \
+        }                                                                                           \
+    } while (0)
+    ISSUE(0);
+    for (int64_t j = 0; j < npairs; j++) {
+        if (j + 1 < npairs) ISSUE(j + 1);
+        int64_t ga = g0 + 2 * j;
+        finish_group(k, ga, mb, sums[j & 1][0], acc);
+        if (2 * j + 1 < ng) finish_group(k, ga + 1, mb, sums[j & 1][1], acc);
+    }
+#undef ISSUE
+    for (int b = 0; b < mb; b++) _mm512_mask_storeu_ps(y + b * g->y_stride, rows_mask, acc[b]);
+}
+
+/* Batch rows [bstart, bend) in blocks of mb (the configured tile rows). */
+AMX INLINE void run_blocks(const lp_igemm *g, bool w4, int64_t bstart, int64_t bend, int mb, int K) {
+    const lp_packed_geom *ge = &g->geom;
+    const int64_t cols = ge->groups * ge->group;
+    /* W8 codes are tile rows already: one "chunk" spans the row. */
+    const int64_t chunk = w4 ? AMX_CHUNK : cols;
+    _Alignas(64) uint8_t buf[AMX_CHUNK * 16];
+    for (int64_t p = g->p0; p < g->p1; p++) {
+        const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
+        const uint8_t *codes = panel + (size_t)ge->groups * 32;
+        for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
+            int64_t n = cols - c0 < chunk ? cols - c0 : chunk;
+            amx_block k = {g, panel, codes + c0 * 16, false, p, c0, n, 0};
+            if (w4) {
+                const uint8_t *next = p + 1 < g->p1 ? codes + ge->panel_bytes : NULL;
+                unpack_w4(codes, c0 / 8, n / 8, buf, next);
+                k.bcodes = buf;
+                k.signed_codes = true;
+            }
+            for (k.b0 = bstart; k.b0 < bend; k.b0 += mb) block(&k, mb, K);
+        }
+    }
+}
+
+AMX INLINE void gemm(const lp_igemm *g, bool w4) {
+    const int K = g->geom.group % 64 == 0 ? 64 : 32;
+    const int64_t full = g->nb / 16 * 16;
+    if (full > 0) {
+        configure(16, K);
+        run_blocks(g, w4, 0, full, 16, K);
+    }
+    if (full < g->nb) {
+        int mb = (int)(g->nb - full);
+        configure(mb, K);
+        run_blocks(g, w4, full, g->nb, mb, K);
+    }
+    _tile_release();
+}
+
+AMX void lp_w4_gemm_amx(const lp_igemm *g) { gemm(g, true); }
+AMX void lp_w8_gemm_amx(const lp_igemm *g) { gemm(g, false); }
+
+#else
+bool lp_amx_available(void) { return false; }
+#endif
