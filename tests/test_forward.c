@@ -143,7 +143,7 @@ static void test_batch_equivalences(const char *path) {
     CHECK(lp_forward(ctx, rows, 3, &err) == 0);
     for (int s = 0; s < 3; s++) {
         float d = max_abs_diff(lp_logits(ctx, s), alone + (size_t)s * V, V);
-        CHECK_MSG(d <= 1e-4f, "%s: sequence %d differs by %g in a batch", path, s, d);
+        CHECK_MSG(d == 0.0f, "%s: sequence %d differs by %g in a batch (must be bit-identical)", path, s, d);
     }
     lp_context_free(ctx);
 
