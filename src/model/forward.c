@@ -436,9 +436,11 @@ static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new)
         q_rows = ctx->qkv;
         q_stride = w;
     } else {
-        matmul(ctx, &L->wq, ctx->xn, dim, ctx->q, q_dim, n);
-        matmul(ctx, &L->wk, ctx->xn, dim, k_new, kv_dim, n);
-        matmul(ctx, &L->wv, ctx->xn, dim, v_new, kv_dim, n);
+        /* one pool pass (and one activation quantization) for all three */
+        const lp_weight *ws[3] = {&L->wq, &L->wk, &L->wv};
+        float *ys[3] = {ctx->q, k_new, v_new};
+        const int64_t strides[3] = {q_dim, kv_dim, kv_dim};
+        lp_matmul_multi(&ctx->kern, ctx->pool, 3, ws, ctx->xn, dim, n, ys, strides);
         apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->q, q_dim);
         apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, k_new, kv_dim);
         apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, v_new, kv_dim);
@@ -473,8 +475,10 @@ static float *feed_forward_hidden(lp_context *ctx, int l, int64_t *stride) {
         up = ctx->gate + ffn;
         matmul(ctx, &L->w_gate_up, ctx->xn, dim, ctx->gate, w, n);
     } else {
-        matmul(ctx, &L->w_gate, ctx->xn, dim, gate, w, n);
-        matmul(ctx, &L->w_up, ctx->xn, dim, up, w, n);
+        const lp_weight *ws[2] = {&L->w_gate, &L->w_up};
+        float *ys[2] = {gate, up};
+        const int64_t strides[2] = {w, w};
+        lp_matmul_multi(&ctx->kern, ctx->pool, 2, ws, ctx->xn, dim, n, ys, strides);
     }
     apply_lora(ctx, l, LP_PROJ_GATE, ctx->xn, dim, gate, w);
     apply_lora(ctx, l, LP_PROJ_UP, ctx->xn, dim, up, w);
