@@ -12,6 +12,7 @@ int cli_run(int argc, char **argv);
 int cli_adapter(int argc, char **argv);
 int cli_world(int argc, char **argv);
 int cli_compile(int argc, char **argv);
+int cli_quantize(int argc, char **argv);
 int cli_bench(int argc, char **argv);
 int cli_eval(int argc, char **argv);
 int cli_train(int argc, char **argv);

@@ -1,23 +1,74 @@
-/* loraplex demo: the built-in default job. Until the project's own demo
- * world (a trained base with task adapters) exists, it runs the real tiny
- * pretrained stories260K model from shared/models: a greedy story and a
- * sampled one, with timings. */
+/* loraplex demo: the built-in default job, on the project's own demo world
+ * (models/demo: a small llama base trained from scratch by our trainer and
+ * one LoRA adapter per task, see models/demo/README.md).
+ *
+ *   1. every task answered on sample inputs by hot-swapping that task's
+ *      adapter into one slot of a live context (the swap is timed: it is a
+ *      pointer store), with the base alone for contrast;
+ *   2. one sentence rendered in four styles at once: lp_generate_streams
+ *      with one stream per style adapter over a shared prompt.
+ *
+ * Sample inputs are drawn from the world generator's eval split (meanings
+ * the adapters never saw in training). Without models/demo it falls back to
+ * the tiny pretrained stories260K model from shared/models. */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "../base/base.h"
+#include "../world/world.h"
 #include "cli.h"
 
-static bool find_model(const char *file, char *out, size_t cap) {
+/* ---- finding the artifacts --------------------------------------------------- */
+
+static bool file_exists(const char *path) {
+    struct stat st;
+    return stat(path, &st) == 0;
+}
+
+static bool is_demo_dir(const char *dir) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/base.gguf", dir);
+    return file_exists(path);
+}
+
+/* LORAPLEX_DEMO_DIR, else models/demo in the executable's folder or one of
+ * its parents (a build folder inside the source tree), else in the current
+ * directory. */
+static bool find_demo_dir(char *out, size_t cap) {
+    const char *env = getenv("LORAPLEX_DEMO_DIR");
+    if (env && env[0]) {
+        snprintf(out, cap, "%s", env);
+        return is_demo_dir(out);
+    }
+    char exe[PATH_MAX];
+    ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
+    if (n > 0) {
+        exe[n] = '\0';
+        for (int up = 0; up < 6; up++) {
+            char *slash = strrchr(exe, '/');
+            if (!slash) break;
+            *slash = '\0';
+            int len = snprintf(out, cap, "%s/models/demo", exe);
+            if (len > 0 && (size_t)len < cap && is_demo_dir(out)) return true;
+        }
+    }
+    snprintf(out, cap, "models/demo");
+    return is_demo_dir(out);
+}
+
+/* ---- the fallback: stories260K --------------------------------------------------- */
+
+static bool find_shared_model(const char *file, char *out, size_t cap) {
     const char *env = getenv("LORAPLEX_SHARED_MODELS");
     const char *dirs[] = {env, LP_SHARED_MODELS, "shared/models", "../shared/models"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
         if (!dirs[i]) continue;
         snprintf(out, cap, "%s/%s", dirs[i], file);
-        struct stat st;
-        if (stat(out, &st) == 0) return true;
+        if (file_exists(out)) return true;
     }
     return false;
 }
@@ -43,7 +94,7 @@ static int story(lp_context *ctx, const lp_model *model, const char *prompt, flo
     gp.n_predict = 120;
     lp_generate_stats st;
     printf("%s", prompt);
-    int rc = lp_generate(ctx, s, tokens, n, &gp, print_text, NULL, &st, &err);
+    int rc = n < 0 ? -1 : lp_generate(ctx, s, tokens, n, &gp, print_text, NULL, &st, &err);
     lp_sampler_free(s);
     if (rc) return cli_fail("generate", &err);
     printf("\n");
@@ -52,13 +103,11 @@ static int story(lp_context *ctx, const lp_model *model, const char *prompt, flo
     return 0;
 }
 
-int cli_demo(int argc, char **argv) {
-    (void)argc;
-    (void)argv;
+static int stories_demo(void) {
     char path[1024];
-    if (!find_model("stories260K.gguf", path, sizeof path)) {
-        fprintf(stderr, "loraplex demo: cannot find stories260K.gguf (set LORAPLEX_SHARED_MODELS "
-                        "to the shared/models folder)\n");
+    if (!find_shared_model("stories260K.gguf", path, sizeof path)) {
+        fprintf(stderr, "loraplex demo: cannot find stories260K.gguf either (set "
+                        "LORAPLEX_SHARED_MODELS to the shared/models folder)\n");
         return 1;
     }
     lp_error err;
@@ -69,12 +118,287 @@ int cli_demo(int argc, char **argv) {
         lp_model_free(model);
         return cli_fail("cannot create context", &err);
     }
-    fprintf(stderr, "loraplex demo: %s (a real 260K-parameter TinyStories model)\n\n", path);
-    fprintf(stderr, "greedy:\n");
+    printf("loraplex demo: %s (a real 260K-parameter TinyStories model)\n\n", path);
+    printf("greedy:\n");
     int rc = story(ctx, model, "Once upon a time", 0.0f, 0);
-    fprintf(stderr, "sampled (temperature 0.8, seed 42):\n");
+    printf("sampled (temperature 0.8, seed 42):\n");
     if (!rc) rc = story(ctx, model, "The little dog", 0.8f, 42);
     lp_context_free(ctx);
     lp_model_free(model);
     return rc;
+}
+
+/* ---- the demo world ----------------------------------------------------------------- */
+
+enum { N_STYLES = 4, SAMPLES_PER_TASK = 2, MAX_NEW = 64 };
+static const char *const style_names[N_STYLES] = {"formal", "polite", "jovial", "terse"};
+
+typedef struct demo {
+    lp_model *model;
+    lp_context *ctx;
+    lp_adapter *adapter[LP_WORLD_N_TASKS]; /* by world task index */
+    lp_sampler *greedy;
+} demo;
+
+/* Collects generated text (one buffer per stream). */
+typedef struct text_buf {
+    char text[N_STYLES][512];
+    size_t len[N_STYLES];
+} text_buf;
+
+static bool collect_one(void *user, const char *text, size_t len) {
+    text_buf *b = user;
+    size_t room = sizeof b->text[0] - 1 - b->len[0];
+    if (len > room) len = room;
+    memcpy(b->text[0] + b->len[0], text, len);
+    b->len[0] += len;
+    b->text[0][b->len[0]] = '\0';
+    return true;
+}
+
+static bool collect_stream(void *user, int stream, const char *text, size_t len) {
+    text_buf *b = user;
+    if (stream < 0 || stream >= N_STYLES) return false;
+    size_t room = sizeof b->text[0] - 1 - b->len[stream];
+    if (len > room) len = room;
+    memcpy(b->text[stream] + b->len[stream], text, len);
+    b->len[stream] += len;
+    b->text[stream][b->len[stream]] = '\0';
+    return true;
+}
+
+static void cut_newline(char *s) {
+    char *nl = strchr(s, '\n');
+    if (nl) *nl = '\0';
+}
+
+/* Greedy answer to `prompt` with adapter slot `slot`; out gets the text up
+ * to the first newline. Returns seconds taken, or -1. */
+static double answer(demo *d, const char *prompt, int slot, char *out, size_t cap,
+                     lp_error *err) {
+    int32_t tokens[512];
+    int n = lp_tokenize(d->model, prompt, strlen(prompt), lp_model_add_bos(d->model), false,
+                        tokens, 512, err);
+    if (n < 0) return -1;
+    if (n > 512) {
+        lp_fail(err, "prompt too long (%d tokens)", n);
+        return -1;
+    }
+    static const char *const stop[] = {"\n"};
+    lp_generate_params gp = lp_generate_default_params();
+    gp.n_predict = MAX_NEW;
+    gp.stop = stop;
+    gp.n_stop = 1;
+    gp.prefix_adapter = slot;
+    gp.reuse_cache = false;
+    text_buf buf = {0};
+    lp_sampler_reset(d->greedy, 0);
+    double t0 = lp_now_seconds();
+    if (lp_generate(d->ctx, d->greedy, tokens, n, &gp, collect_one, &buf, NULL, err) != 0)
+        return -1;
+    double dt = lp_now_seconds() - t0;
+    cut_newline(buf.text[0]);
+    snprintf(out, cap, "%s", buf.text[0]);
+    return dt;
+}
+
+/* A record of `task` whose meaning is in the eval split (never trained on). */
+static void eval_sample(lp_rng *rng, int task, int lang, lp_world_record *r) {
+    for (int tries = 0; tries < 10000; tries++)
+        if (lp_world_key_is_eval(lp_world_make_record(rng, task, lang, r), 10)) return;
+}
+
+static int show_tasks(demo *d, lp_rng *rng) {
+    lp_error err;
+    printf("== 1. one base, one adapter per task, swapped live into slot 1 ==\n");
+    int hits = 0, total = 0;
+    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
+        double t0 = lp_now_seconds();
+        if (lp_context_bind_adapter(d->ctx, 1, d->adapter[t], &err) != 0)
+            return cli_fail("bind adapter", &err);
+        double swap_us = (lp_now_seconds() - t0) * 1e6;
+        printf("\n[%s]  adapter %s.lpa -> slot 1 (swap %.2f us)\n", lp_world_task_name(t),
+               lp_world_task_name(t), swap_us);
+        for (int k = 0; k < SAMPLES_PER_TASK; k++) {
+            lp_world_record r;
+            eval_sample(rng, t, (t + k) % LP_N_LANGS, &r);
+            char got[512], base[512];
+            double dt = answer(d, r.prompt, 1, got, sizeof got, &err);
+            if (dt < 0) return cli_fail("generate", &err);
+            bool ok = strcmp(got, r.completion) == 0;
+            hits += ok;
+            total++;
+            char prompt[768];
+            snprintf(prompt, sizeof prompt, "%s", r.prompt);
+            cut_newline(prompt);
+            printf("  %-5s %s\n", r.lang, prompt);
+            printf("        adapter: %s  [%s, %.0f ms]\n", got, ok ? "exact" : "differs",
+                   dt * 1e3);
+            if (!ok) printf("        expected: %s\n", r.completion);
+            if (k == 0) {
+                if (answer(d, r.prompt, 0, base, sizeof base, &err) < 0)
+                    return cli_fail("generate", &err);
+                printf("        base alone: %s\n", base);
+            }
+        }
+    }
+    printf("\n%d of %d sample answers exact (see `loraplex eval-tasks` for the full eval)\n\n",
+           hits, total);
+    return 0;
+}
+
+static int show_styles(demo *d, lp_rng *rng) {
+    lp_error err;
+    printf("== 2. one sentence, four styles decoded together (one stream per style "
+           "adapter) ==\n");
+    /* Bind the four style adapters to slots 1..4. */
+    double t0 = lp_now_seconds();
+    for (int s = 0; s < N_STYLES; s++) {
+        char name[32];
+        snprintf(name, sizeof name, "style-%s", style_names[s]);
+        int task = lp_world_task_from_name(name);
+        if (task < 0 || lp_context_bind_adapter(d->ctx, s + 1, d->adapter[task], &err) != 0)
+            return cli_fail("bind style adapter", &err);
+    }
+    double bind_us = (lp_now_seconds() - t0) * 1e6;
+    /* A neutral English sentence from the eval split. */
+    lp_world_record r;
+    eval_sample(rng, lp_world_task_from_name("style-formal"), LP_LANG_EN, &r);
+    const char *colon = strchr(r.prompt, ':');
+    char sentence[sizeof r.prompt];
+    snprintf(sentence, sizeof sentence, "%s", colon ? colon + 2 : r.prompt);
+    cut_newline(sentence);
+    printf("input: %s\n", sentence);
+    /* The shared prompt is just BOS; each stream's suffix is its own
+     * instruction, as in training ("<style>: <sentence>\n"). */
+    int32_t bos = lp_token_bos(d->model);
+    char suffix[N_STYLES][sizeof r.prompt + 16];
+    lp_stream streams[N_STYLES];
+    lp_sampler *samplers[N_STYLES] = {0};
+    int rc = 0;
+    for (int s = 0; s < N_STYLES; s++) {
+        snprintf(suffix[s], sizeof suffix[s], "%s: %s\n", style_names[s], sentence);
+        lp_sampler_params sp = lp_sampler_default_params();
+        sp.temperature = 0;
+        if (!(samplers[s] = lp_sampler_create(d->model, &sp, &err))) {
+            rc = cli_fail("sampler", &err);
+            goto done;
+        }
+        streams[s] = (lp_stream){suffix[s], s + 1, samplers[s], -1};
+    }
+    static const char *const stop[] = {"\n"};
+    lp_generate_params gp = lp_generate_default_params();
+    gp.n_predict = MAX_NEW;
+    gp.stop = stop;
+    gp.n_stop = 1;
+    gp.reuse_cache = false;
+    text_buf buf = {0};
+    lp_generate_stats st;
+    t0 = lp_now_seconds();
+    if (lp_generate_streams(d->ctx, &bos, 1, streams, N_STYLES, &gp, collect_stream, &buf,
+                            NULL, &st, &err) != 0) {
+        rc = cli_fail("generate streams", &err);
+        goto done;
+    }
+    double dt = lp_now_seconds() - t0;
+    for (int s = 0; s < N_STYLES; s++) {
+        cut_newline(buf.text[s]);
+        printf("  %-7s %s\n", style_names[s], buf.text[s]);
+    }
+    printf("4 streams in one batch per step: %d tokens in %.0f ms (%d decode steps, "
+           "%.0f tok/s); style adapters bound to slots 1-4 in %.1f us\n",
+           st.n_generated, dt * 1e3, st.decode_steps, dt > 0 ? st.n_generated / dt : 0.0,
+           bind_us);
+done:
+    for (int s = 0; s < N_STYLES; s++) lp_sampler_free(samplers[s]);
+    return rc;
+}
+
+static void demo_free(demo *d) {
+    lp_sampler_free(d->greedy);
+    lp_context_free(d->ctx);
+    for (int t = 0; t < LP_WORLD_N_TASKS; t++) lp_adapter_free(d->adapter[t]);
+    lp_model_free(d->model);
+}
+
+static int world_demo(const char *dir, long seed, int threads) {
+    lp_error err;
+    demo d = {0};
+    int rc = 1;
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/base.gguf", dir);
+    double t0 = lp_now_seconds();
+    if (!(d.model = lp_model_load(path, NULL, &err))) {
+        cli_fail(path, &err);
+        goto done;
+    }
+    double load_ms = (lp_now_seconds() - t0) * 1e3;
+    lp_model_info info;
+    lp_model_get_info(d.model, &info);
+    printf("loraplex demo: the demo world (%s)\n", dir);
+    printf("base: %s, %.2fM parameters, dim %d, %d layers, %d/%d heads, vocab %d, "
+           "%.1f MB; loaded in %.0f ms\n",
+           path, info.n_params / 1e6, info.dim, info.n_layers, info.n_heads, info.n_kv_heads,
+           info.n_vocab, info.weight_bytes / 1e6, load_ms);
+    t0 = lp_now_seconds();
+    uint64_t adapter_bytes = 0;
+    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
+        snprintf(path, sizeof path, "%s/adapters/%s.lpa", dir, lp_world_task_name(t));
+        if (!(d.adapter[t] = lp_adapter_load(d.model, path, 1.0f, &err))) {
+            cli_fail(path, &err);
+            goto done;
+        }
+        adapter_bytes += lp_adapter_bytes(d.adapter[t]);
+    }
+    printf("adapters: %d (.lpa), %.2f MB together; loaded in %.0f ms\n\n", LP_WORLD_N_TASKS,
+           adapter_bytes / 1e6, (lp_now_seconds() - t0) * 1e3);
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = threads;
+    cp.max_adapters = N_STYLES;
+    cp.max_sequences = N_STYLES;
+    cp.max_seq_len = 256;
+    cp.n_ctx = N_STYLES * 256;
+    lp_sampler_params sp = lp_sampler_default_params();
+    sp.temperature = 0;
+    if (!(d.ctx = lp_context_create(d.model, &cp, &err)) ||
+        !(d.greedy = lp_sampler_create(d.model, &sp, &err))) {
+        cli_fail("context", &err);
+        goto done;
+    }
+    lp_rng rng;
+    lp_rng_seed(&rng, (uint64_t)seed);
+    if (show_tasks(&d, &rng) != 0 || show_styles(&d, &rng) != 0) goto done;
+    rc = 0;
+done:
+    demo_free(&d);
+    return rc;
+}
+
+int cli_demo(int argc, char **argv) {
+    long seed = 7, threads = 0;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: loraplex demo [--seed S] [-t THREADS]\n"
+                   "Runs the demo world's base with its task adapters (models/demo, or\n"
+                   "LORAPLEX_DEMO_DIR); --seed picks the sample inputs (default 7).\n");
+            return 0;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(a, "--seed")) {
+            if (!cli_int(a, v, 0, 1L << 62, &seed)) return 2;
+        } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
+            if (!cli_int(a, v, 0, 256, &threads)) return 2;
+        } else {
+            fprintf(stderr, "loraplex demo: unknown option '%s'\n", a);
+            return 2;
+        }
+    }
+    char dir[PATH_MAX];
+    if (!find_demo_dir(dir, sizeof dir)) {
+        fprintf(stderr, "loraplex demo: no demo world artifacts found (models/demo, or set "
+                        "LORAPLEX_DEMO_DIR); running stories260K instead\n\n");
+        return stories_demo();
+    }
+    return world_demo(dir, seed, (int)threads);
 }

@@ -231,10 +231,18 @@ static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const
     }
     bool add_bos = !o->no_bos && lp_model_add_bos(model);
     size_t len = strlen(text);
-    int cap = (int)(len + 16 < 1 << 30 ? len + 16 : 1 << 30);
-    int32_t *tokens = malloc((size_t)cap * sizeof(int32_t));
-    int n = tokens ? lp_tokenize(model, text, len, add_bos, o->chat, tokens, cap, err)
+    /* A first guess; byte-fallback vocabularies can need several tokens per
+     * byte, then the exact count from the first call is used. */
+    int cap = (int)(len + 16 < 1 << 28 ? len + 16 : 1 << 28), n = -1;
+    int32_t *tokens = NULL;
+    for (int attempt = 0; attempt < 2; attempt++) {
+        free(tokens);
+        tokens = malloc((size_t)cap * sizeof(int32_t));
+        n = tokens ? lp_tokenize(model, text, len, add_bos, o->chat, tokens, cap, err)
                    : lp_fail(err, "out of memory");
+        if (n <= cap) break;
+        cap = n;
+    }
     free(rendered);
     if (n < 0 || n > cap) {
         if (n > cap) lp_fail(err, "prompt too long");

@@ -7,20 +7,25 @@
 #include <unistd.h>
 
 #include "../base/base.h"
+#include "../base/dtype.h"
+#include "../formats/gguf.h"
+#include "../kernels/kernels.h"
 #include "../model/model.h"
 #include "../train/train.h"
 #include "cli.h"
 
 int cli_train(int argc, char **argv);
 int cli_train_lora(int argc, char **argv);
+int cli_quantize(int argc, char **argv);
 
 typedef struct train_opts {
     bool lora;
     const char *vocab, *text, *data, *eval, *base, *out, *checkpoint, *resume, *targets;
+    const char *init_from;
     long dim, layers, heads, kv_heads, ffn, ctx, rank;
     long steps, batch, seq, warmup, seed, threads, eval_every, log_every, ckpt_every, eval_match;
     double lr, min_lr, wd, clip, theta, alpha;
-    bool tied, f16;
+    bool tied, f16, pack;
 } train_opts;
 
 static void train_usage(FILE *out, bool lora) {
@@ -38,17 +43,22 @@ static void train_usage(FILE *out, bool lora) {
     fprintf(out,
             "data:    --text FILE (documents split at blank lines)  --data FILE.jsonl\n"
             "         ({\"prompt\",\"completion\"} per line; loss on the completion + EOS)\n"
+            "         --pack (records only: several whole records per row, each seeing only\n"
+            "         itself; less padding, same gradients per record)\n"
             "         --eval FILE.jsonl  --eval-every K (default 100)  --eval-match N (greedy\n"
             "         exact-match sample size, default 16 for train-lora, 0 for train)\n"
             "steps:   --steps 1000 --batch 16 --seq 128 --lr 1e-3 (train-lora: 1e-4... 2e-4 typical)\n"
             "         --min-lr LR/10 --warmup 100 --wd 0.1 --clip 1.0 --seed 1 --threads N\n"
             "         --log-every 10\n"
             "state:   --checkpoint FILE --checkpoint-every K  --resume FILE (model, optimizer,\n"
-            "         RNG and step from the checkpoint; --steps may extend the run)\n");
+            "         RNG and step from the checkpoint; --steps may extend the run)\n"
+            "         --init-from FILE (train-lora: LoRA weights from a checkpoint, a fresh\n"
+            "         optimizer, schedule and RNG from these options: warm starts)\n");
 }
 
 static bool is_flag(const char *a) {
-    return !strcmp(a, "--tied") || !strcmp(a, "--f16") || !strcmp(a, "-h") || !strcmp(a, "--help");
+    return !strcmp(a, "--tied") || !strcmp(a, "--f16") || !strcmp(a, "--pack") ||
+           !strcmp(a, "-h") || !strcmp(a, "--help");
 }
 
 /* Returns 0 ok, 1 exit 0 (help), 2 usage error. */
@@ -77,7 +87,7 @@ static int parse_train_opts(int argc, char **argv, train_opts *o) {
             {"--vocab", &o->vocab}, {"--text", &o->text}, {"--data", &o->data},
             {"--eval", &o->eval}, {"--base", &o->base}, {"-o", &o->out},
             {"--checkpoint", &o->checkpoint}, {"--resume", &o->resume},
-            {"--targets", &o->targets},
+            {"--targets", &o->targets}, {"--init-from", &o->init_from},
         };
         bool done = false;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -86,6 +96,7 @@ static int parse_train_opts(int argc, char **argv, train_opts *o) {
         }
         if (!strcmp(a, "--tied")) o->tied = done = true;
         if (!strcmp(a, "--f16")) o->f16 = done = true;
+        if (!strcmp(a, "--pack")) o->pack = done = true;
         for (size_t k = 0; !done && k < sizeof ints / sizeof ints[0]; k++)
             if (!strcmp(a, ints[k].name)) {
                 if (!cli_int(a, v, ints[k].min, ints[k].max, ints[k].dst)) return 2;
@@ -175,6 +186,10 @@ static int train_loop(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng *r
     lp_error err;
     lp_train_batch_buf bb;
     if (lp_train_batch_alloc(&bb, (int)o->batch, (int)o->seq, &err) < 0) return cli_fail("train", &err);
+    if (o->pack && lp_train_batch_enable_packing(&bb, &err) < 0) {
+        lp_train_batch_free(&bb);
+        return cli_fail("train", &err);
+    }
     bool tty = isatty(2);
     double t0 = lp_now_seconds();
     long start = opt->step, tokens_per_step = o->batch * o->seq;
@@ -370,16 +385,28 @@ int cli_train_lora(int argc, char **argv) {
     lp_adamw opt = {0};
     lp_rng rng;
     int rc = 1;
-    if (o.resume) {
-        if (lp_checkpoint_load(o.resume, &m, &opt, &rng, &err) < 0) {
-            cli_fail("resume", &err);
+    if (o.resume || o.init_from) {
+        const char *from = o.resume ? o.resume : o.init_from;
+        if (lp_checkpoint_load(from, &m, &opt, &rng, &err) < 0) {
+            cli_fail(from, &err);
             goto done;
         }
         if (m->trainable != LP_TRAIN_LORA) {
-            fprintf(stderr, "loraplex train-lora: %s is not a LoRA checkpoint\n", o.resume);
+            fprintf(stderr, "loraplex train-lora: %s is not a LoRA checkpoint\n", from);
             goto done;
         }
-        fprintf(stderr, "resumed %s at step %ld\n", o.resume, opt.step);
+        if (!o.resume) {
+            /* warm start: keep the weights, start the optimization afresh */
+            lp_adamw_free(&opt);
+            lp_adamw_config a = opts_adamw(&o);
+            if (lp_adamw_init(&opt, m, &a, &err) < 0) {
+                cli_fail("train-lora", &err);
+                goto done;
+            }
+            lp_rng_seed(&rng, (uint64_t)o.seed);
+        }
+        fprintf(stderr, "%s %s at step %ld\n", o.resume ? "resumed" : "initialized from", from,
+                opt.step);
     } else {
         lp_train_config c;
         if (lp_train_config_from_model(base, &c, &err) < 0 ||
@@ -404,5 +431,150 @@ done:
     lp_adamw_free(&opt);
     lp_train_model_free(m);
     lp_model_free(base);
+    return rc;
+}
+
+/* ---- loraplex quantize ------------------------------------------------------------- */
+
+/* llama.cpp's general.file_type for a model whose matrices are all `type`. */
+static uint32_t file_type_of(uint32_t type) {
+    switch (type) {
+    case LP_F16: return 1;
+    case LP_Q4_0: return 2;
+    case LP_Q8_0: return 7;
+    default: return 0;
+    }
+}
+
+/* One tensor: 2-D F32/F16 matrices whose rows split into whole blocks are
+ * quantized row by row; everything else (norms, odd shapes, already
+ * quantized tensors) is copied as it is. */
+static int quantize_tensor(lp_gguf_writer *w, const lp_gguf_tensor *t, uint32_t type,
+                           size_t *n_quantized, lp_error *err) {
+    char name[256];
+    snprintf(name, sizeof name, "%.*s", (int)t->name.len, t->name.ptr);
+    int64_t cols = (int64_t)t->dims[0], rows = (int64_t)(t->n_elements / t->dims[0]);
+    bool matrix = t->n_dims == 2 && (t->type == LP_F32 || t->type == LP_F16) &&
+                  lp_dtype_row_bytes(type, (uint64_t)cols) != 0;
+    if (!matrix) {
+        lp_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->dims, t->data, t->n_bytes);
+        return 0;
+    }
+    size_t row_bytes = lp_dtype_row_bytes(type, cols), total;
+    if (row_bytes == 0 || !lp_mul_ok((size_t)rows, row_bytes, &total))
+        return lp_fail(err, "tensor %s: size overflows", name);
+    uint8_t *out = malloc(total);
+    float *row = malloc((size_t)cols * sizeof *row);
+    if (!out || !row) {
+        free(out);
+        free(row);
+        return lp_fail(err, "out of memory for tensor %s", name);
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        if (t->type == LP_F32) {
+            memcpy(row, (const float *)t->data + r * cols, (size_t)cols * sizeof *row);
+        } else {
+            const uint8_t *src = (const uint8_t *)t->data + (size_t)(r * cols) * 2;
+            for (int64_t c = 0; c < cols; c++) {
+                uint16_t h;
+                memcpy(&h, src + c * 2, 2);
+                row[c] = lp_f16_to_f32(h);
+            }
+        }
+        lp_quantize_row(type, row, out + (size_t)r * row_bytes, cols);
+    }
+    lp_gguf_writer_add_tensor_copy(w, name, type, t->n_dims, t->dims, out, total);
+    free(out);
+    free(row);
+    (*n_quantized)++;
+    return 0;
+}
+
+static bool parse_quant_type(const char *name, uint32_t *out) {
+    if (!strcmp(name, "q8_0")) *out = LP_Q8_0;
+    else if (!strcmp(name, "q4_0")) *out = LP_Q4_0;
+    else if (!strcmp(name, "f16")) *out = LP_F16;
+    else return false;
+    return true;
+}
+
+int cli_quantize(int argc, char **argv) {
+    const char *in = NULL, *out = NULL, *type_name = "q8_0", *output_name = NULL;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i];
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            printf("usage: loraplex quantize IN.gguf OUT.gguf [--type q8_0|q4_0|f16]\n"
+                   "                         [--output-type q8_0|q4_0|f16]\n"
+                   "Writes a copy of a llama GGUF with its F32/F16 matrices quantized (round to\n"
+                   "nearest, llama.cpp block layouts); norms and metadata are copied. The\n"
+                   "output matrix (the token embedding when tied) gets --output-type (default:\n"
+                   "q8_0 for --type q4_0, else --type).\n");
+            return 0;
+        }
+        if (!strcmp(a, "--type")) {
+            if (!(type_name = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--output-type")) {
+            if (!(output_name = cli_value(argc, argv, &i))) return 2;
+        } else if (a[0] == '-') {
+            fprintf(stderr, "loraplex quantize: unknown option '%s'\n", a);
+            return 2;
+        } else if (!in) {
+            in = a;
+        } else if (!out) {
+            out = a;
+        } else {
+            fprintf(stderr, "loraplex quantize: unexpected argument '%s'\n", a);
+            return 2;
+        }
+    }
+    uint32_t type, output_type;
+    if (!parse_quant_type(type_name, &type) ||
+        !parse_quant_type(output_name ? output_name : type == LP_Q4_0 ? "q8_0" : type_name,
+                          &output_type)) {
+        fprintf(stderr, "loraplex quantize: types are q8_0, q4_0 or f16\n");
+        return 2;
+    }
+    if (!in || !out) {
+        fprintf(stderr, "usage: loraplex quantize IN.gguf OUT.gguf [--type q8_0|q4_0|f16]\n");
+        return 2;
+    }
+    lp_error err;
+    lp_gguf *g = lp_gguf_open(in, &err);
+    if (!g) return cli_fail(in, &err);
+    lp_gguf_writer *w = lp_gguf_writer_create();
+    int rc = 1;
+    size_t n_quantized = 0;
+    if (!w) {
+        fprintf(stderr, "loraplex quantize: out of memory\n");
+        goto done;
+    }
+    for (size_t i = 0; i < lp_gguf_kv_count(g); i++) {
+        const lp_gguf_kv *kv = lp_gguf_kv_at(g, i);
+        if (!lp_str_eq(kv->key, "general.file_type")) lp_gguf_writer_copy_kv(w, kv);
+    }
+    lp_gguf_writer_set_u32(w, "general.file_type", file_type_of(type));
+    for (size_t i = 0; i < lp_gguf_tensor_count(g); i++) {
+        const lp_gguf_tensor *t = lp_gguf_tensor_at(g, i);
+        /* The output matrix (the token embedding when tied) decides every
+         * token, EOS included: like llama.cpp's Q4_0 files, keep it at
+         * higher precision unless asked otherwise. */
+        bool output = lp_str_eq(t->name, "output.weight") ||
+                      (lp_str_eq(t->name, "token_embd.weight") &&
+                       !lp_gguf_find_tensor(g, "output.weight"));
+        if (quantize_tensor(w, t, output ? output_type : type, &n_quantized, &err) < 0) {
+            cli_fail(in, &err);
+            goto done;
+        }
+    }
+    if (lp_gguf_writer_write(w, out, &err) < 0) {
+        cli_fail(out, &err);
+        goto done;
+    }
+    fprintf(stderr, "wrote %s: %zu of %zu tensors quantized (%s, output %s)\n", out,
+            n_quantized, lp_gguf_tensor_count(g), lp_dtype_name(type), lp_dtype_name(output_type));
+    rc = 0;
+done:
+    lp_gguf_writer_free(w);
+    lp_gguf_close(g);
     return rc;
 }

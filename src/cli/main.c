@@ -20,6 +20,7 @@ static void usage(FILE *out) {
             "  tokenize  print the tokens of a text           (loraplex tokenize MODEL TEXT)\n"
             "  adapter   inspect, compile or merge LoRA adapters (loraplex adapter info PATH)\n"
             "  compile   pack a model into a memory-mappable .lpx (q4/q8/f16 weights)\n"
+            "  quantize  write a GGUF with Q8_0/Q4_0 matrices (loraplex quantize IN OUT --type q4_0)\n"
             "  bench     prefill/decode speed, bandwidth roofline, streams, adapter modes\n"
             "  eval      perplexity, and KL divergence against a reference model\n"
             "  world     write the demo world: corpus, tasks, vocabulary (loraplex world --out DIR)\n"
@@ -49,6 +50,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "run")) return cli_run(argc - 1, argv + 1);
     if (!strcmp(cmd, "adapter")) return cli_adapter(argc - 1, argv + 1);
     if (!strcmp(cmd, "compile")) return cli_compile(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quantize")) return cli_quantize(argc - 1, argv + 1);
     if (!strcmp(cmd, "bench")) return cli_bench(argc - 1, argv + 1);
     if (!strcmp(cmd, "eval")) return cli_eval(argc - 1, argv + 1);
     if (!strcmp(cmd, "world")) return cli_world(argc - 1, argv + 1);

@@ -165,24 +165,69 @@ int lp_train_batch_alloc(lp_train_batch_buf *bb, int B, int T, lp_error *err) {
     return 0;
 }
 
+int lp_train_batch_enable_packing(lp_train_batch_buf *bb, lp_error *err) {
+    size_t n = (size_t)bb->batch.B * (size_t)bb->batch.T, vis;
+    if (!lp_mul_ok(n, (size_t)bb->batch.T, &vis)) return lp_fail(err, "batch too large to pack");
+    if (!bb->pos) bb->pos = calloc(n, sizeof *bb->pos);
+    if (!bb->visible) bb->visible = calloc(vis, 1);
+    if (!bb->pos || !bb->visible) return lp_fail(err, "out of memory for packed batches");
+    bb->batch.pos = bb->pos;
+    bb->batch.visible = bb->visible;
+    return 0;
+}
+
+/* Row r, positions [start, start+len): one segment with positions from 0
+ * that sees only itself, causally. */
+static void set_segment(lp_train_batch_buf *bb, int r, int start, int len) {
+    int T = bb->batch.T;
+    if (!bb->pos) return;
+    for (int i = start; i < start + len; i++) {
+        bb->pos[(size_t)r * T + i] = i - start;
+        uint8_t *v = bb->visible + ((size_t)r * T + i) * T;
+        memset(v, 0, (size_t)T);
+        memset(v + start, 1, (size_t)(i - start + 1));
+    }
+}
+
 void lp_train_batch_free(lp_train_batch_buf *bb) {
     free(bb->inputs);
     free(bb->targets);
     free(bb->mask);
+    free(bb->pos);
+    free(bb->visible);
     memset(bb, 0, sizeof *bb);
 }
 
-void lp_train_batch_set_example(lp_train_batch_buf *bb, int r, const lp_train_example *ex) {
+/* Writes ex at [start, T) of row r (truncated); returns the positions used. */
+static int put_example(lp_train_batch_buf *bb, int r, int start, const lp_train_example *ex) {
     int T = bb->batch.T;
     int32_t *in = bb->inputs + (size_t)r * T, *tg = bb->targets + (size_t)r * T;
     float *mk = bb->mask + (size_t)r * T;
-    for (int t = 0; t < T; t++) {
-        bool real = t + 1 < ex->n;
-        in[t] = real ? ex->ids[t] : 0;
-        tg[t] = real ? ex->ids[t + 1] : 0;
-        /* target t+1 is a completion token (or the EOS) */
-        mk[t] = real && t + 1 >= ex->n_prompt ? 1.0f : 0.0f;
+    int used = ex->n - 1 < T - start ? ex->n - 1 : T - start;
+    for (int k = 0; k < used; k++) {
+        in[start + k] = ex->ids[k];
+        tg[start + k] = ex->ids[k + 1];
+        /* target k+1 is a completion token (or the EOS) */
+        mk[start + k] = k + 1 >= ex->n_prompt ? 1.0f : 0.0f;
     }
+    set_segment(bb, r, start, used);
+    return used;
+}
+
+/* Pads [start, T) of row r: no loss, each position sees only itself. */
+static void pad_row(lp_train_batch_buf *bb, int r, int start) {
+    int T = bb->batch.T;
+    for (int t = start; t < T; t++) {
+        bb->inputs[(size_t)r * T + t] = 0;
+        bb->targets[(size_t)r * T + t] = 0;
+        bb->mask[(size_t)r * T + t] = 0.0f;
+        set_segment(bb, r, t, 1);
+    }
+}
+
+void lp_train_batch_set_example(lp_train_batch_buf *bb, int r, const lp_train_example *ex) {
+    int used = put_example(bb, r, 0, ex);
+    pad_row(bb, r, used > 0 ? used : 0);
 }
 
 void lp_train_batch_set_window(lp_train_batch_buf *bb, int r, const int32_t *stream,
@@ -193,6 +238,7 @@ void lp_train_batch_set_window(lp_train_batch_buf *bb, int r, const int32_t *str
         bb->targets[(size_t)r * T + t] = stream[start + t + 1];
         bb->mask[(size_t)r * T + t] = 1.0f;
     }
+    set_segment(bb, r, 0, T);
 }
 
 static uint64_t rng_below(lp_rng *rng, uint64_t n) { return lp_rng_u64(rng) % n; }
@@ -203,6 +249,27 @@ int lp_train_batch_sample(lp_train_batch_buf *bb, const lp_train_data *d, lp_rng
     bool text = d->n_stream > (size_t)T + 1, records = d->n_ex > 0;
     if (!text && !records)
         return lp_fail(err, "no training data (text shorter than one window of %d tokens?)", T + 1);
+    if (records && !text && bb->visible) {
+        /* packed: a record that doesn't fit opens the next row */
+        int64_t pending = -1;
+        for (int r = 0; r < bb->batch.B; r++) {
+            int at = 0;
+            for (;;) {
+                int64_t i = pending >= 0 ? pending : (int64_t)rng_below(rng, (uint64_t)d->n_ex);
+                pending = -1;
+                const lp_train_example *ex = &d->ex[i];
+                if (at > 0 && ex->n - 1 > T - at) {
+                    pending = i;
+                    break;
+                }
+                int used = put_example(bb, r, at, ex);
+                at += used;
+                if (at >= T || used <= 0) break;
+            }
+            pad_row(bb, r, at);
+        }
+        return 0;
+    }
     for (int r = 0; r < bb->batch.B; r++) {
         bool use_text = text && (!records || r % 2 == 0);
         if (use_text)

@@ -118,11 +118,14 @@ static void linear_forward(lp_train_model *m, int l, int p, float *y, const floa
     const lp_train_config *c = &m->cfg;
     const lp_tlayer *L = &m->w.layers[l];
     int in = (int)lp_t_lora_rows_in(c, p), out = (int)lp_t_lora_rows_out(c, p);
-    lp_t_matmul(m->pool, y, x, proj_weight(L, p), N, in, out, 1.0f, false);
+    lp_t_matmul(m->pool, m->gemm_level, y, x, proj_weight(L, p), N, in, out, 1.0f, false,
+                m->acts->scratch);
     if (L->lora_a[p]) {
         float *t = lora_t_of(m, l, p);
-        lp_t_matmul(m->pool, t, x, L->lora_a[p], N, in, c->lora_rank, 1.0f, false);
-        lp_t_matmul(m->pool, y, t, L->lora_b[p], N, c->lora_rank, out, lora_scale(c), true);
+        lp_t_matmul(m->pool, m->gemm_level, t, x, L->lora_a[p], N, in, c->lora_rank, 1.0f, false,
+                    m->acts->scratch);
+        lp_t_matmul(m->pool, m->gemm_level, y, t, L->lora_b[p], N, c->lora_rank, out,
+                    lora_scale(c), true, m->acts->scratch);
     }
 }
 
@@ -134,15 +137,18 @@ static void linear_backward(lp_train_model *m, int l, int p, float *dx, const fl
     float *scratch = m->acts->scratch;
     int in = (int)lp_t_lora_rows_in(c, p), out = (int)lp_t_lora_rows_out(c, p), r = c->lora_rank;
     float *gw = proj_weight(G, p);
-    if (gw) lp_t_matmul_dw(m->pool, gw, dy, x, N, in, out, 1.0f, scratch);
-    lp_t_matmul_dx(m->pool, dx, dy, proj_weight(L, p), N, in, out, 1.0f, accumulate, scratch);
+    if (gw) lp_t_matmul_dw(m->pool, m->gemm_level, gw, dy, x, N, in, out, 1.0f, scratch);
+    lp_t_matmul_dx(m->pool, m->gemm_level, dx, dy, proj_weight(L, p), N, in, out, 1.0f,
+                   accumulate, scratch);
     if (L->lora_a[p]) {
         const float *t = lora_t_of(m, l, p);
         float s = lora_scale(c), *dt = m->acts->dlora;
-        if (G->lora_b[p]) lp_t_matmul_dw(m->pool, G->lora_b[p], dy, t, N, r, out, s, scratch);
-        lp_t_matmul_dx(m->pool, dt, dy, L->lora_b[p], N, r, out, s, false, scratch);
-        if (G->lora_a[p]) lp_t_matmul_dw(m->pool, G->lora_a[p], dt, x, N, in, r, 1.0f, scratch);
-        lp_t_matmul_dx(m->pool, dx, dt, L->lora_a[p], N, in, r, 1.0f, true, scratch);
+        if (G->lora_b[p])
+            lp_t_matmul_dw(m->pool, m->gemm_level, G->lora_b[p], dy, t, N, r, out, s, scratch);
+        lp_t_matmul_dx(m->pool, m->gemm_level, dt, dy, L->lora_b[p], N, r, out, s, false, scratch);
+        if (G->lora_a[p])
+            lp_t_matmul_dw(m->pool, m->gemm_level, G->lora_a[p], dt, x, N, in, r, 1.0f, scratch);
+        lp_t_matmul_dx(m->pool, m->gemm_level, dx, dt, L->lora_a[p], N, in, r, 1.0f, true, scratch);
     }
 }
 
@@ -163,7 +169,7 @@ static lp_t_attn attn_args(const lp_train_model *m, const lp_train_batch *b, int
            kv_dim = (size_t)c->n_kv_heads * c->head_dim;
     lp_t_attn at = {
         .B = b->B, .T = b->T, .n_heads = c->n_heads, .n_kv_heads = c->n_kv_heads,
-        .head_dim = c->head_dim, .visible = b->visible,
+        .head_dim = c->head_dim, .visible = b->visible, .level = m->gemm_level,
         .q = a->q + l * N * q_dim, .k = a->k + l * N * kv_dim, .v = a->v + l * N * kv_dim,
         .att = a->att + (size_t)l * N * c->n_heads * b->T,
         .out = a->att_out + l * N * q_dim,
@@ -266,7 +272,8 @@ double lp_train_forward(lp_train_model *m, const lp_train_batch *b, lp_error *er
     }
     lp_t_rmsnorm(a->xnf, a->rstdf, a->x + (size_t)c->n_layers * N * dim, m->w.output_norm, N,
                  c->dim, c->rms_eps);
-    lp_t_matmul(m->pool, a->logits, a->xnf, m->w.output, N, c->dim, c->n_vocab, 1.0f, false);
+    lp_t_matmul(m->pool, m->gemm_level, a->logits, a->xnf, m->w.output, N, c->dim, c->n_vocab,
+                1.0f, false, a->scratch);
     return cross_entropy(m, b);
 }
 
@@ -314,8 +321,10 @@ void lp_train_backward(lp_train_model *m, const lp_train_batch *b) {
 
     cross_entropy_backward(m, b);
     if (m->g.output)
-        lp_t_matmul_dw(m->pool, m->g.output, a->dlogits, a->xnf, N, c->dim, c->n_vocab, 1.0f, scratch);
-    lp_t_matmul_dx(m->pool, a->dxn, a->dlogits, m->w.output, N, c->dim, c->n_vocab, 1.0f, false, scratch);
+        lp_t_matmul_dw(m->pool, m->gemm_level, m->g.output, a->dlogits, a->xnf, N, c->dim,
+                       c->n_vocab, 1.0f, scratch);
+    lp_t_matmul_dx(m->pool, m->gemm_level, a->dxn, a->dlogits, m->w.output, N, c->dim,
+                   c->n_vocab, 1.0f, false, scratch);
     lp_t_rmsnorm_backward(a->dx, m->g.output_norm, a->dxn, a->x + (size_t)c->n_layers * N * dim,
                           m->w.output_norm, a->rstdf, N, c->dim, false);
 

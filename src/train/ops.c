@@ -1,15 +1,27 @@
 /* Forward and backward of each operation, on FP32 rows.
  *
- * All matrix products go through one kernel, lp_t_gemm_nt (Y = A Bᵀ with the
- * reduction dimension contiguous in both), blocked 4 rows x 2 columns with
- * 4-lane vector accumulators. The two backward products are reduced to it by
- * transposing: dX = dY W = dY (Wᵀ)ᵀ, dW = dYᵀ X = (dYᵀ)(Xᵀ)ᵀ. Every output
- * element is summed in the same order whatever block or thread computes it,
- * so results are bitwise independent of the thread count. */
+ * Matrix products have two implementations, picked per model by
+ * gemm_level (lp_train_model.gemm_level):
+ *   0  plain C: one kernel, lp_t_gemm_nt (Y = A Bᵀ, reduction contiguous in
+ *      both), blocked 4 rows x 2 columns with 4-lane vector accumulators;
+ *      the backward products are reduced to it by transposing.
+ *   1  AVX2+FMA and 2  AVX-512: "A times B" with B row-major [K][C], so the
+ *      vector runs along output columns and every output element is one
+ *      chain of fused multiply-adds over k = 0..K-1 (no horizontal sums).
+ *      dX = dY W needs no transpose at all; Y = X Wᵀ transposes W (small) and
+ *      dW = dYᵀ X transposes dY.
+ * Within a level, every output element is summed in the same order whatever
+ * tile or thread computes it, so results are bitwise independent of the
+ * thread count. Different levels round differently (FMA vs mul+add). */
 #include <math.h>
 #include <string.h>
 
 #include "train_internal.h"
+
+#define LP_T_ALWAYS_INLINE inline __attribute__((always_inline))
+#if defined(__x86_64__) || defined(__i386__)
+#define LP_T_X86 1
+#endif
 
 /* ---- the matrix kernel ------------------------------------------------------ */
 
@@ -112,21 +124,185 @@ static void transpose(float *dst, const float *src, int rows, int cols) {
         }
 }
 
-void lp_t_matmul(lp_threadpool *pool, float *Y, const float *X, const float *W, int N,
-                 int in, int out, float alpha, bool accumulate) {
-    lp_t_gemm_nt(pool, Y, X, W, N, out, in, alpha, accumulate);
+/* ---- AVX2 / AVX-512 "A times B" kernels --------------------------------------- */
+
+typedef struct gemm_nn_job {
+    float *Y;
+    const float *A, *B;     /* A [R][K], B [K][C] */
+    int R, C, K;
+    float alpha;
+    bool accumulate;
+    int level;
+} gemm_nn_job;
+
+#ifdef LP_T_X86
+#include <immintrin.h>
+
+/* AVX-512 tile: rows [r0, r0+NR) x columns [c0, c0+32) (masked at the
+ * right edge). NR is a constant at each call so the accumulators stay in
+ * registers. */
+#define AVX512_MR 8
+__attribute__((target("avx512f"))) static LP_T_ALWAYS_INLINE void
+tile_avx512(const gemm_nn_job *j, int r0, const int NR, int c0) {
+    int rem = j->C - c0;
+    __mmask16 m0 = rem >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << rem) - 1);
+    __mmask16 m1 = rem >= 32 ? (__mmask16)0xFFFF
+                 : rem <= 16 ? (__mmask16)0 : (__mmask16)((1u << (rem - 16)) - 1);
+    __m512 acc[AVX512_MR][2];
+    for (int i = 0; i < NR; i++) acc[i][0] = acc[i][1] = _mm512_setzero_ps();
+    const float *a = j->A + (size_t)r0 * j->K;
+    for (int k = 0; k < j->K; k++) {
+        const float *b = j->B + (size_t)k * j->C + c0;
+        __m512 b0 = _mm512_maskz_loadu_ps(m0, b), b1 = _mm512_maskz_loadu_ps(m1, b + 16);
+        for (int i = 0; i < NR; i++) {
+            __m512 x = _mm512_set1_ps(a[(size_t)i * j->K + k]);
+            acc[i][0] = _mm512_fmadd_ps(x, b0, acc[i][0]);
+            acc[i][1] = _mm512_fmadd_ps(x, b1, acc[i][1]);
+        }
+    }
+    __m512 alpha = _mm512_set1_ps(j->alpha);
+    for (int i = 0; i < NR; i++) {
+        float *y = j->Y + (size_t)(r0 + i) * j->C + c0;
+        __m512 y0 = _mm512_mul_ps(alpha, acc[i][0]), y1 = _mm512_mul_ps(alpha, acc[i][1]);
+        if (j->accumulate) {
+            y0 = _mm512_add_ps(_mm512_maskz_loadu_ps(m0, y), y0);
+            y1 = _mm512_add_ps(_mm512_maskz_loadu_ps(m1, y + 16), y1);
+        }
+        _mm512_mask_storeu_ps(y, m0, y0);
+        _mm512_mask_storeu_ps(y + 16, m1, y1);
+    }
 }
 
-void lp_t_matmul_dx(lp_threadpool *pool, float *dX, const float *dY, const float *W,
-                    int N, int in, int out, float alpha, bool accumulate, float *scratch) {
+__attribute__((target("avx512f"))) static void tile_avx512_any(const gemm_nn_job *j, int r0,
+                                                               int nr, int c0) {
+    switch (nr) {
+    case 8: tile_avx512(j, r0, 8, c0); break;
+    case 7: tile_avx512(j, r0, 7, c0); break;
+    case 6: tile_avx512(j, r0, 6, c0); break;
+    case 5: tile_avx512(j, r0, 5, c0); break;
+    case 4: tile_avx512(j, r0, 4, c0); break;
+    case 3: tile_avx512(j, r0, 3, c0); break;
+    case 2: tile_avx512(j, r0, 2, c0); break;
+    default: tile_avx512(j, r0, 1, c0); break;
+    }
+}
+
+/* AVX2 tile: rows [r0, r0+NR) x columns [c0, c0+16). */
+#define AVX2_MR 4
+__attribute__((target("avx2,fma"))) static LP_T_ALWAYS_INLINE __m256i avx2_mask(int rem) {
+    const __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32(rem), lanes);
+}
+
+__attribute__((target("avx2,fma"))) static LP_T_ALWAYS_INLINE void
+tile_avx2(const gemm_nn_job *j, int r0, const int NR, int c0) {
+    int rem = j->C - c0;
+    __m256i m0 = avx2_mask(rem), m1 = avx2_mask(rem - 8);
+    __m256 acc[AVX2_MR][2];
+    for (int i = 0; i < NR; i++) acc[i][0] = acc[i][1] = _mm256_setzero_ps();
+    const float *a = j->A + (size_t)r0 * j->K;
+    for (int k = 0; k < j->K; k++) {
+        const float *b = j->B + (size_t)k * j->C + c0;
+        __m256 b0 = _mm256_maskload_ps(b, m0), b1 = _mm256_maskload_ps(b + 8, m1);
+        for (int i = 0; i < NR; i++) {
+            __m256 x = _mm256_broadcast_ss(a + (size_t)i * j->K + k);
+            acc[i][0] = _mm256_fmadd_ps(x, b0, acc[i][0]);
+            acc[i][1] = _mm256_fmadd_ps(x, b1, acc[i][1]);
+        }
+    }
+    __m256 alpha = _mm256_set1_ps(j->alpha);
+    for (int i = 0; i < NR; i++) {
+        float *y = j->Y + (size_t)(r0 + i) * j->C + c0;
+        __m256 y0 = _mm256_mul_ps(alpha, acc[i][0]), y1 = _mm256_mul_ps(alpha, acc[i][1]);
+        if (j->accumulate) {
+            y0 = _mm256_add_ps(_mm256_maskload_ps(y, m0), y0);
+            y1 = _mm256_add_ps(_mm256_maskload_ps(y + 8, m1), y1);
+        }
+        _mm256_maskstore_ps(y, m0, y0);
+        _mm256_maskstore_ps(y + 8, m1, y1);
+    }
+}
+
+__attribute__((target("avx2,fma"))) static void tile_avx2_any(const gemm_nn_job *j, int r0,
+                                                              int nr, int c0) {
+    switch (nr) {
+    case 4: tile_avx2(j, r0, 4, c0); break;
+    case 3: tile_avx2(j, r0, 3, c0); break;
+    case 2: tile_avx2(j, r0, 2, c0); break;
+    default: tile_avx2(j, r0, 1, c0); break;
+    }
+}
+
+/* Tasks are (row block, column tile) pairs, row-block major so a thread
+ * reuses its A rows across the column tiles. */
+static void gemm_nn_worker(void *arg, int thread, int n_threads) {
+    const gemm_nn_job *j = arg;
+    int mr = j->level == 2 ? AVX512_MR : AVX2_MR, nc = j->level == 2 ? 32 : 16;
+    int64_t row_blocks = (j->R + mr - 1) / mr, col_tiles = (j->C + nc - 1) / nc, begin, end;
+    lp_split_range(row_blocks * col_tiles, thread, n_threads, 1, &begin, &end);
+    for (int64_t t = begin; t < end; t++) {
+        int r0 = (int)(t / col_tiles) * mr, c0 = (int)(t % col_tiles) * nc;
+        int nr = j->R - r0 < mr ? j->R - r0 : mr;
+        if (j->level == 2) tile_avx512_any(j, r0, nr, c0);
+        else tile_avx2_any(j, r0, nr, c0);
+    }
+}
+#endif
+
+/* Level > 0 only (callers check): Y (+)= alpha A B. */
+static void gemm_nn(lp_threadpool *pool, int level, float *Y, const float *A, const float *B,
+                    int R, int C, int K, float alpha, bool accumulate) {
+#ifdef LP_T_X86
+    gemm_nn_job j = {Y, A, B, R, C, K, alpha, accumulate, level};
+    if ((int64_t)R * C * K < (1 << 16)) pool = NULL;
+    lp_threadpool_run(pool, gemm_nn_worker, &j);
+#else
+    (void)pool, (void)level, (void)Y, (void)A, (void)B, (void)R, (void)C, (void)K;
+    (void)alpha, (void)accumulate;
+#endif
+}
+
+int lp_t_gemm_best_level(void) {
+#ifdef LP_T_X86
+    lp_cpu_features f;
+    lp_cpu_detect(&f);
+    if (f.avx512f) return 2;
+    if (f.avx2 && f.fma) return 1;
+#endif
+    return 0;
+}
+
+/* ---- the three products ---------------------------------------------------------- */
+
+void lp_t_matmul(lp_threadpool *pool, int level, float *Y, const float *X, const float *W,
+                 int N, int in, int out, float alpha, bool accumulate, float *scratch) {
+    if (level == 0) {
+        lp_t_gemm_nt(pool, Y, X, W, N, out, in, alpha, accumulate);
+        return;
+    }
+    transpose(scratch, W, out, in);                 /* Wᵀ: [in][out] */
+    gemm_nn(pool, level, Y, X, scratch, N, out, in, alpha, accumulate);
+}
+
+void lp_t_matmul_dx(lp_threadpool *pool, int level, float *dX, const float *dY,
+                    const float *W, int N, int in, int out, float alpha, bool accumulate,
+                    float *scratch) {
+    if (level > 0) {
+        gemm_nn(pool, level, dX, dY, W, N, in, out, alpha, accumulate);
+        return;
+    }
     transpose(scratch, W, out, in);                 /* Wᵀ: [in][out] */
     lp_t_gemm_nt(pool, dX, dY, scratch, N, in, out, alpha, accumulate);
 }
 
-void lp_t_matmul_dw(lp_threadpool *pool, float *dW, const float *dY, const float *X,
-                    int N, int in, int out, float alpha, float *scratch) {
+void lp_t_matmul_dw(lp_threadpool *pool, int level, float *dW, const float *dY,
+                    const float *X, int N, int in, int out, float alpha, float *scratch) {
     float *dYt = scratch, *Xt = scratch + (size_t)N * out;
     transpose(dYt, dY, N, out);                     /* [out][N] */
+    if (level > 0) {
+        gemm_nn(pool, level, dW, dYt, X, out, in, N, alpha, true);
+        return;
+    }
     transpose(Xt, X, N, in);                        /* [in][N] */
     lp_t_gemm_nt(pool, dW, dYt, Xt, out, in, N, alpha, true);
 }
@@ -210,15 +386,21 @@ static inline bool attn_visible(const lp_t_attn *a, int b, int i, int j) {
     return a->visible ? a->visible[((size_t)b * a->T + i) * a->T + j] != 0 : j <= i;
 }
 
-static float attn_dot(const float *a, const float *b, int n) {
-    float s = 0;
-    for (int i = 0; i < n; i++) s += a[i] * b[i];
-    return s;
+/* Eight explicit partial sums: vectorizes (the order is in the source, so
+ * every instruction set sums alike) and the lanes' chains run in parallel. */
+static LP_T_ALWAYS_INLINE float attn_dot(const float *a, const float *b, int n) {
+    float s[8] = {0};
+    int i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) s[l] += a[i + l] * b[i + l];
+    float t = ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+    for (; i < n; i++) t += a[i] * b[i];
+    return t;
 }
 
 /* One (sequence b, head h): P = softmax(q Kᵀ / sqrt(d)) over visible keys,
  * out = P V. Rows that see nothing output zeros. */
-static void attn_forward_one(lp_t_attn *a, int b, int h) {
+static LP_T_ALWAYS_INLINE void attn_forward_one(lp_t_attn *a, int b, int h) {
     int T = a->T, d = a->head_dim, H = a->n_heads, g = h / (H / a->n_kv_heads);
     size_t q_stride = (size_t)H * d, kv_stride = (size_t)a->n_kv_heads * d;
     float scale = 1.0f / sqrtf((float)d);
@@ -253,11 +435,30 @@ static void attn_forward_one(lp_t_attn *a, int b, int h) {
     }
 }
 
+/* Each worker is compiled once per instruction set (the body inlined into
+ * a function with that target) and picked by the model's gemm level. */
+#define ATTN_WORKER(name, body, n_units, target)                                        \
+    target static void name(lp_t_attn *a, int thread, int n_threads) {                   \
+        int64_t begin, end, per = n_units;                                              \
+        lp_split_range((int64_t)a->B * per, thread, n_threads, 1, &begin, &end);         \
+        for (int64_t t = begin; t < end; t++) body(a, (int)(t / per), (int)(t % per));   \
+    }
+
+ATTN_WORKER(attn_forward_c, attn_forward_one, a->n_heads, )
+#ifdef LP_T_X86
+ATTN_WORKER(attn_forward_avx2, attn_forward_one, a->n_heads,
+            __attribute__((target("avx2,fma"))))
+ATTN_WORKER(attn_forward_avx512, attn_forward_one, a->n_heads,
+            __attribute__((target("avx512f"))))
+#endif
+
 static void attn_forward_worker(void *arg, int thread, int n_threads) {
     lp_t_attn *a = arg;
-    int64_t begin, end;
-    lp_split_range((int64_t)a->B * a->n_heads, thread, n_threads, 1, &begin, &end);
-    for (int64_t t = begin; t < end; t++) attn_forward_one(a, (int)(t / a->n_heads), (int)(t % a->n_heads));
+#ifdef LP_T_X86
+    if (a->level == 2) return attn_forward_avx512(a, thread, n_threads);
+    if (a->level == 1) return attn_forward_avx2(a, thread, n_threads);
+#endif
+    attn_forward_c(a, thread, n_threads);
 }
 
 void lp_t_attention(lp_threadpool *pool, lp_t_attn *a) {
@@ -269,7 +470,7 @@ void lp_t_attention(lp_threadpool *pool, lp_t_attn *a) {
  *   dV_j += P_ij dout_i;  dP_ij = dout_i · v_j;
  *   dS_ij = P_ij (dP_ij - sum_j P_ij dP_ij);
  *   dq_i = scale sum_j dS_ij k_j;  dK_j += scale dS_ij q_i. */
-static void attn_backward_one(lp_t_attn *a, int b, int g) {
+static LP_T_ALWAYS_INLINE void attn_backward_one(lp_t_attn *a, int b, int g) {
     int T = a->T, d = a->head_dim, H = a->n_heads, per = H / a->n_kv_heads;
     size_t q_stride = (size_t)H * d, kv_stride = (size_t)a->n_kv_heads * d;
     float scale = 1.0f / sqrtf((float)d);
@@ -309,12 +510,21 @@ static void attn_backward_one(lp_t_attn *a, int b, int g) {
     }
 }
 
+ATTN_WORKER(attn_backward_c, attn_backward_one, a->n_kv_heads, )
+#ifdef LP_T_X86
+ATTN_WORKER(attn_backward_avx2, attn_backward_one, a->n_kv_heads,
+            __attribute__((target("avx2,fma"))))
+ATTN_WORKER(attn_backward_avx512, attn_backward_one, a->n_kv_heads,
+            __attribute__((target("avx512f"))))
+#endif
+
 static void attn_backward_worker(void *arg, int thread, int n_threads) {
     lp_t_attn *a = arg;
-    int64_t begin, end;
-    lp_split_range((int64_t)a->B * a->n_kv_heads, thread, n_threads, 1, &begin, &end);
-    for (int64_t t = begin; t < end; t++)
-        attn_backward_one(a, (int)(t / a->n_kv_heads), (int)(t % a->n_kv_heads));
+#ifdef LP_T_X86
+    if (a->level == 2) return attn_backward_avx512(a, thread, n_threads);
+    if (a->level == 1) return attn_backward_avx2(a, thread, n_threads);
+#endif
+    attn_backward_c(a, thread, n_threads);
 }
 
 void lp_t_attention_backward(lp_threadpool *pool, lp_t_attn *a) {

@@ -208,6 +208,10 @@ lp_train_model *lp_train_model_create(const lp_train_config *cfg, int trainable,
     m->trainable = trainable & ((LP_TRAIN_BASE) | (cfg->lora_rank > 0 ? LP_TRAIN_LORA : 0) |
                                 (cfg->n_extra > 0 ? LP_TRAIN_EXTRA : 0));
     lp_kernels_init_reference(&m->kern);
+    m->gemm_level = lp_t_gemm_best_level();
+    const char *cap = getenv("LORAPLEX_TRAIN_GEMM");
+    if (cap && cap[0] >= '0' && cap[0] <= '2' && !cap[1] && cap[0] - '0' < m->gemm_level)
+        m->gemm_level = cap[0] - '0';
     if (build_table(m, err) < 0) goto fail;
     for (int g = 0; g < 3; g++) {
         size_t bytes;

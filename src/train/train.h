@@ -99,6 +99,10 @@ typedef struct lp_train_model {
     lp_tacts *acts;
     lp_threadpool *pool;              /* not owned; may be NULL */
     lp_kernels kern;
+    /* Matrix kernels: 0 plain C, 1 AVX2+FMA, 2 AVX-512. Set to the best the
+     * CPU runs (LORAPLEX_TRAIN_GEMM=0|1|2 caps it); results are bitwise
+     * reproducible for a given level, whatever the thread count. */
+    int gemm_level;
 } lp_train_model;
 
 /* Group index of an LP_TRAIN_* bit. */
@@ -206,14 +210,21 @@ int lp_train_data_load_text(lp_train_data *d, const char *path,
                             const lp_tokenizer *tok, lp_error *err);
 void lp_train_data_free(lp_train_data *d);
 
-/* Batch buffers (owned). */
+/* Batch buffers (owned). pos and visible exist only with packing. */
 typedef struct lp_train_batch_buf {
     lp_train_batch batch;
     int32_t *inputs, *targets;
     float *mask;
+    int32_t *pos;
+    uint8_t *visible;
 } lp_train_batch_buf;
 
 int lp_train_batch_alloc(lp_train_batch_buf *bb, int B, int T, lp_error *err);
+/* Packing: lp_train_batch_sample then fills each row with as many whole
+ * records as fit, each with its own positions (from 0) and a causal mask
+ * that stops at its boundaries, so every record trains exactly as if alone
+ * while padding shrinks. Allocates pos and visible (B*T*T bytes). */
+int lp_train_batch_enable_packing(lp_train_batch_buf *bb, lp_error *err);
 void lp_train_batch_free(lp_train_batch_buf *bb);
 /* Writes one example into row r: inputs ids[0..n-1), targets ids[1..n),
  * mask 1 on completion targets (the EOS included), right-padded (pad 0,
@@ -225,7 +236,8 @@ void lp_train_batch_set_window(lp_train_batch_buf *bb, int r, const int32_t *str
                                size_t start);
 /* Fills every row by sampling with rng: records uniformly (with
  * replacement) and/or random text windows; with both, rows alternate
- * text / records. Returns -1 if there is no data. */
+ * text / records (packed rows of records only with packing and no text).
+ * Returns -1 if there is no data. */
 int lp_train_batch_sample(lp_train_batch_buf *bb, const lp_train_data *d, lp_rng *rng,
                           lp_error *err);
 

@@ -41,15 +41,21 @@ struct lp_tacts {
  * result doesn't depend on the thread count. */
 void lp_t_gemm_nt(lp_threadpool *pool, float *Y, const float *A, const float *Bm, int R,
                   int C, int K, float alpha, bool accumulate);
-/* Y[n][o] (+)= alpha * sum_i X[n][i] W[o][i]  (a linear layer forward). */
-void lp_t_matmul(lp_threadpool *pool, float *Y, const float *X, const float *W, int N,
-                 int in, int out, float alpha, bool accumulate);
-/* dX[n][i] (+)= alpha * sum_o dY[n][o] W[o][i]. scratch: in*out floats. */
-void lp_t_matmul_dx(lp_threadpool *pool, float *dX, const float *dY, const float *W,
-                    int N, int in, int out, float alpha, bool accumulate, float *scratch);
-/* dW[o][i] += alpha * sum_n dY[n][o] X[n][i]. scratch: N*(in+out) floats. */
-void lp_t_matmul_dw(lp_threadpool *pool, float *dW, const float *dY, const float *X,
-                    int N, int in, int out, float alpha, float *scratch);
+/* The three linear-layer products. level: 0 plain C (lp_t_gemm_nt),
+ * 1 AVX2+FMA, 2 AVX-512 (the caller checks the CPU, see
+ * lp_t_gemm_best_level). scratch: N*(in+out) and in*out floats suffice.
+ * Y[n][o] (+)= alpha * sum_i X[n][i] W[o][i]  (a linear layer forward). */
+void lp_t_matmul(lp_threadpool *pool, int level, float *Y, const float *X, const float *W,
+                 int N, int in, int out, float alpha, bool accumulate, float *scratch);
+/* dX[n][i] (+)= alpha * sum_o dY[n][o] W[o][i]. */
+void lp_t_matmul_dx(lp_threadpool *pool, int level, float *dX, const float *dY,
+                    const float *W, int N, int in, int out, float alpha, bool accumulate,
+                    float *scratch);
+/* dW[o][i] += alpha * sum_n dY[n][o] X[n][i]. */
+void lp_t_matmul_dw(lp_threadpool *pool, int level, float *dW, const float *dY,
+                    const float *X, int N, int in, int out, float alpha, float *scratch);
+/* The fastest level this CPU runs. */
+int lp_t_gemm_best_level(void);
 
 void lp_t_rmsnorm(float *y, float *rstd, const float *x, const float *w, int N, int n,
                   float eps);
@@ -69,6 +75,7 @@ void lp_t_swiglu_backward(float *dgate, float *dup, const float *dh, const float
 typedef struct lp_t_attn {
     int B, T, n_heads, n_kv_heads, head_dim;
     const uint8_t *visible;   /* NULL: causal */
+    int level;                /* instruction set, as lp_train_model.gemm_level */
     const float *q, *k, *v;
     float *att, *out;
     /* backward */
