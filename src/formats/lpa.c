@@ -8,34 +8,9 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "le.h"
+
 #include "../base/dtype.h"
-
-/* ---- little-endian fields --------------------------------------------------- */
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
-static float get_f32(const uint8_t *p) {
-    uint32_t u = get_u32(p);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    put_u32(p, (uint32_t)v);
-    put_u32(p + 4, (uint32_t)(v >> 32));
-}
-static void put_f32(uint8_t *p, float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    put_u32(p, u);
-}
 
 /* ---- shared helpers ------------------------------------------------------------ */
 
@@ -45,7 +20,7 @@ uint64_t lp_lpa_hash(uint64_t h, const void *data, size_t n) {
         uint8_t word[8] = {0};
         size_t take = n < 8 ? n : 8;
         memcpy(word, p, take);
-        h = (h ^ get_u64(word)) * 0x9E3779B97F4A7C15ull;
+        h = (h ^ lp_le_get_u64(word)) * 0x9E3779B97F4A7C15ull;
         h ^= h >> 31;
         p += take;
         n -= take;
@@ -101,26 +76,26 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
         return lp_fail(err, "%s: %zu bytes is too short for an .lpa header (%d)", what, size,
                        LP_LPA_HEADER_BYTES);
     if (memcmp(p, LP_LPA_MAGIC, 4) != 0) return lp_fail(err, "%s: not an .lpa file (bad magic)", what);
-    uint32_t version = get_u32(p + 4);
+    uint32_t version = lp_le_get_u32(p + 4);
     if (version != LP_LPA_VERSION)
         return lp_fail(err, "%s: .lpa version %u is not supported (this build reads %d)", what,
                        version, LP_LPA_VERSION);
-    uint64_t file_bytes = get_u64(p + 8);
+    uint64_t file_bytes = lp_le_get_u64(p + 8);
     if (file_bytes != size)
         return lp_fail(err, "%s: header says %llu bytes but the file has %zu (truncated?)", what,
                        (unsigned long long)file_bytes, size);
     if (size % LP_LPA_ALIGN != 0)
         return lp_fail(err, "%s: file size %zu is not a multiple of %d", what, size, LP_LPA_ALIGN);
     lp_lpa_base *b = &out->base;
-    b->fingerprint = get_u64(p + 32);
-    b->arch = get_u32(p + 40);
-    b->flags = get_u32(p + 44);
+    b->fingerprint = lp_le_get_u64(p + 32);
+    b->arch = lp_le_get_u32(p + 40);
+    b->flags = lp_le_get_u32(p + 44);
     uint32_t *dims[7] = {&b->n_layers, &b->dim, &b->n_heads, &b->n_kv_heads,
                          &b->head_dim, &b->ffn_dim, &b->n_vocab};
     static const char *const dim_names[7] = {"n_layers", "dim", "n_heads", "n_kv_heads",
                                              "head_dim", "ffn_dim", "n_vocab"};
     for (int i = 0; i < 7; i++) {
-        *dims[i] = get_u32(p + 48 + 4 * i);
+        *dims[i] = lp_le_get_u32(p + 48 + 4 * i);
         uint32_t max = i == 0 ? 4096 : (1u << 24);
         if (*dims[i] == 0 || *dims[i] > max)
             return lp_fail(err, "%s: base %s = %u is out of range 1..%u", what, dim_names[i],
@@ -129,11 +104,11 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
     if (b->arch > 2) return lp_fail(err, "%s: unknown base architecture id %u", what, b->arch);
     if (b->flags & ~LP_LPA_FLAG_INTERLEAVED)
         return lp_fail(err, "%s: unknown flags 0x%x", what, b->flags);
-    out->n_entries = get_u32(p + 76);
+    out->n_entries = lp_le_get_u32(p + 76);
     if (out->n_entries > b->n_layers * LP_LPA_N_PROJ)
         return lp_fail(err, "%s: %u entries for %u layers x %d projections", what,
                        out->n_entries, b->n_layers, LP_LPA_N_PROJ);
-    *data_start = get_u64(p + 80);
+    *data_start = lp_le_get_u64(p + 80);
     uint64_t expect_start = align64(LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries);
     if (*data_start != expect_start || *data_start > size)
         return lp_fail(err, "%s: data_start %llu is wrong (expected %llu within %zu bytes)", what,
@@ -148,9 +123,9 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
     uint64_t h = lp_lpa_hash(LP_LPA_HASH_SEED, p, 16);
     h = lp_lpa_hash(h, zero, 8);
     h = lp_lpa_hash(h, p + 24, (size_t)*data_start - 24);
-    if (h != get_u64(p + 16)) return lp_fail(err, "%s: header checksum mismatch (corrupted file)", what);
+    if (h != lp_le_get_u64(p + 16)) return lp_fail(err, "%s: header checksum mismatch (corrupted file)", what);
     uint64_t dh = lp_lpa_hash(LP_LPA_HASH_SEED, p + *data_start, size - (size_t)*data_start);
-    if (dh != get_u64(p + 24)) return lp_fail(err, "%s: data checksum mismatch (corrupted file)", what);
+    if (dh != lp_le_get_u64(p + 24)) return lp_fail(err, "%s: data checksum mismatch (corrupted file)", what);
     return 0;
 }
 
@@ -190,12 +165,12 @@ static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, con
     for (uint32_t i = 0; i < out->n_entries; i++) {
         const uint8_t *q = p + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
         lp_lpa_entry *e = &out->entries[i];
-        e->layer = get_u32(q);
-        e->proj = get_u32(q + 4);
-        e->rank = get_u32(q + 8);
-        e->dtype = get_u32(q + 12);
-        e->scale = get_f32(q + 16);
-        uint64_t a_off = get_u64(q + 24), b_off = get_u64(q + 32);
+        e->layer = lp_le_get_u32(q);
+        e->proj = lp_le_get_u32(q + 4);
+        e->rank = lp_le_get_u32(q + 8);
+        e->dtype = lp_le_get_u32(q + 12);
+        e->scale = lp_le_get_f32(q + 16);
+        uint64_t a_off = lp_le_get_u64(q + 24), b_off = lp_le_get_u64(q + 32);
         if (e->layer >= out->base.n_layers || e->proj >= LP_LPA_N_PROJ)
             return lp_fail(err, "%s: entry %u: layer %u / projection %u out of range", what, i,
                            e->layer, e->proj);
@@ -215,7 +190,7 @@ static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, con
                            e->layer, pn, e->dtype);
         if (!isfinite(e->scale))
             return lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer, pn);
-        if (get_u32(q + 20) != 0)
+        if (lp_le_get_u32(q + 20) != 0)
             return lp_fail(err, "%s: layer %u %s: reserved field is not zero", what, e->layer, pn);
         size_t a_bytes, b_bytes, a_end, b_end;
         if (!block_bytes(e, &a_bytes, &b_bytes))
@@ -320,14 +295,14 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
             break;
         }
         uint8_t *q = head + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
-        put_u32(q, e->layer);
-        put_u32(q + 4, e->proj);
-        put_u32(q + 8, e->rank);
-        put_u32(q + 12, e->dtype);
-        put_f32(q + 16, e->scale);
-        put_u64(q + 24, off);
+        lp_le_put_u32(q, e->layer);
+        lp_le_put_u32(q + 4, e->proj);
+        lp_le_put_u32(q + 8, e->rank);
+        lp_le_put_u32(q + 12, e->dtype);
+        lp_le_put_f32(q + 16, e->scale);
+        lp_le_put_u64(q + 24, off);
         off += align64(a_bytes);
-        put_u64(q + 32, off);
+        lp_le_put_u64(q + 32, off);
         off += align64(b_bytes);
     }
     if (rc) {
@@ -336,16 +311,16 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
         return rc;
     }
     memcpy(head, LP_LPA_MAGIC, 4);
-    put_u32(head + 4, LP_LPA_VERSION);
-    put_u64(head + 8, off);
-    put_u64(head + 32, base->fingerprint);
-    put_u32(head + 40, base->arch);
-    put_u32(head + 44, base->flags);
+    lp_le_put_u32(head + 4, LP_LPA_VERSION);
+    lp_le_put_u64(head + 8, off);
+    lp_le_put_u64(head + 32, base->fingerprint);
+    lp_le_put_u32(head + 40, base->arch);
+    lp_le_put_u32(head + 44, base->flags);
     const uint32_t dims[7] = {base->n_layers, base->dim, base->n_heads, base->n_kv_heads,
                               base->head_dim, base->ffn_dim, base->n_vocab};
-    for (int i = 0; i < 7; i++) put_u32(head + 48 + 4 * i, dims[i]);
-    put_u32(head + 76, n);
-    put_u64(head + 80, data_start);
+    for (int i = 0; i < 7; i++) lp_le_put_u32(head + 48 + 4 * i, dims[i]);
+    lp_le_put_u32(head + 76, n);
+    lp_le_put_u64(head + 80, data_start);
     put_name(head + 128, name);
     put_name(head + 384, base_name);
 
@@ -363,8 +338,8 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
         block_bytes(&es[i], &a_bytes, &b_bytes);
         ok = write_block(f, es[i].a, a_bytes, &dh) && write_block(f, es[i].b, b_bytes, &dh);
     }
-    put_u64(head + 24, dh);
-    put_u64(head + 16, lp_lpa_hash(LP_LPA_HASH_SEED, head, data_start));
+    lp_le_put_u64(head + 24, dh);
+    lp_le_put_u64(head + 16, lp_lpa_hash(LP_LPA_HASH_SEED, head, data_start));
     ok = ok && fseek(f, 0, SEEK_SET) == 0 && fwrite(head, 1, data_start, f) == data_start;
     ok = (fclose(f) == 0) && ok;
     free(es);

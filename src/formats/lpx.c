@@ -8,35 +8,10 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "le.h"
+
 #include "../base/dtype.h"
 #include "../kernels/kernels.h"
-
-/* ---- little-endian fields --------------------------------------------------- */
-
-static uint32_t get_u32(const uint8_t *p) {
-    return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
-}
-static uint64_t get_u64(const uint8_t *p) {
-    return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
-}
-static float get_f32(const uint8_t *p) {
-    uint32_t u = get_u32(p);
-    float f;
-    memcpy(&f, &u, sizeof f);
-    return f;
-}
-static void put_u32(uint8_t *p, uint32_t v) {
-    for (int i = 0; i < 4; i++) p[i] = (uint8_t)(v >> (8 * i));
-}
-static void put_u64(uint8_t *p, uint64_t v) {
-    put_u32(p, (uint32_t)v);
-    put_u32(p + 4, (uint32_t)(v >> 32));
-}
-static void put_f32(uint8_t *p, float f) {
-    uint32_t u;
-    memcpy(&u, &f, sizeof u);
-    put_u32(p, u);
-}
 
 static bool all_zero(const uint8_t *p, size_t n) {
     for (size_t i = 0; i < n; i++)
@@ -106,38 +81,38 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpx_
         return lp_fail(err, "%s: %zu bytes is too small for a .lpx file (header is %d)", what, size,
                        LP_LPX_HEADER_BYTES);
     if (memcmp(p, LP_LPX_MAGIC, 4) != 0) return lp_fail(err, "%s: not a .lpx file (bad magic)", what);
-    uint32_t version = get_u32(p + 4);
+    uint32_t version = lp_le_get_u32(p + 4);
     if (version != LP_LPX_VERSION)
         return lp_fail(err, "%s: .lpx version %u is not supported (this build reads %d)", what,
                        version, LP_LPX_VERSION);
-    uint64_t file_bytes = get_u64(p + 8);
+    uint64_t file_bytes = lp_le_get_u64(p + 8);
     if (file_bytes != size)
         return lp_fail(err, "%s: header says %llu bytes but the file has %zu (truncated?)", what,
                        (unsigned long long)file_bytes, size);
-    h->arch = get_u32(p + 16);
-    h->flags = get_u32(p + 20);
+    h->arch = lp_le_get_u32(p + 16);
+    h->flags = lp_le_get_u32(p + 20);
     uint32_t *dims[8] = {&h->n_vocab, &h->dim, &h->n_layers, &h->n_heads, &h->n_kv_heads,
                          &h->head_dim, &h->ffn_dim, &h->n_ctx_train};
-    for (int i = 0; i < 8; i++) *dims[i] = get_u32(p + 24 + 4 * i);
-    h->rope_theta = get_f32(p + 56);
-    h->rms_eps = get_f32(p + 60);
-    h->acts = get_u32(p + 64);
-    h->weight_type = get_u32(p + 68);
-    h->group = get_u32(p + 72);
-    h->tokenizer_kind = get_u32(p + 76);
+    for (int i = 0; i < 8; i++) *dims[i] = lp_le_get_u32(p + 24 + 4 * i);
+    h->rope_theta = lp_le_get_f32(p + 56);
+    h->rms_eps = lp_le_get_f32(p + 60);
+    h->acts = lp_le_get_u32(p + 64);
+    h->weight_type = lp_le_get_u32(p + 68);
+    h->group = lp_le_get_u32(p + 72);
+    h->tokenizer_kind = lp_le_get_u32(p + 76);
     if (h->arch > 2) return lp_fail(err, "%s: unknown architecture id %u", what, h->arch);
     if (h->flags & ~LP_LPX_FLAGS_KNOWN)
         return lp_fail(err, "%s: unknown flags 0x%x", what, h->flags & ~LP_LPX_FLAGS_KNOWN);
     if (h->acts > LP_LPX_ACTS_F32) return lp_fail(err, "%s: unknown activation mode %u", what, h->acts);
     if (h->tokenizer_kind < LP_LPX_TOK_GGUF || h->tokenizer_kind > LP_LPX_TOK_LLAMA2C)
         return lp_fail(err, "%s: unknown tokenizer kind %u", what, h->tokenizer_kind);
-    *n_tensors = get_u32(p + 112);
-    if (get_u32(p + 116) != 0 || !all_zero(p + 136, 120))
+    *n_tensors = lp_le_get_u32(p + 112);
+    if (lp_le_get_u32(p + 116) != 0 || !all_zero(p + 136, 120))
         return lp_fail(err, "%s: reserved header bytes are not zero", what);
-    if (get_u64(p + 120) != LP_LPX_HEADER_BYTES)
+    if (lp_le_get_u64(p + 120) != LP_LPX_HEADER_BYTES)
         return lp_fail(err, "%s: tensor table offset %llu (expected %d)", what,
-                       (unsigned long long)get_u64(p + 120), LP_LPX_HEADER_BYTES);
-    *data_offset = get_u64(p + 128);
+                       (unsigned long long)lp_le_get_u64(p + 120), LP_LPX_HEADER_BYTES);
+    *data_offset = lp_le_get_u64(p + 128);
     const char *name = (const char *)p + 256;
     size_t name_len = strnlen(name, LP_LPX_NAME_BYTES);
     if (name_len == LP_LPX_NAME_BYTES || !lp_utf8_valid((const uint8_t *)name, name_len) ||
@@ -160,14 +135,14 @@ static int check_blob(uint64_t offset, uint64_t bytes, uint64_t lo, uint64_t hi,
 
 static int parse_entry(const uint8_t *e, const uint8_t *base, size_t size, uint64_t data_offset,
                        uint32_t index, const char *what, lp_lpx_tensor *t, lp_error *err) {
-    t->kind = get_u32(e);
-    t->layer = get_u32(e + 4);
-    t->type = get_u32(e + 8);
-    t->group = get_u32(e + 12);
-    t->rows = get_u64(e + 16);
-    t->cols = get_u64(e + 24);
-    uint64_t offset = get_u64(e + 32);
-    t->bytes = get_u64(e + 40);
+    t->kind = lp_le_get_u32(e);
+    t->layer = lp_le_get_u32(e + 4);
+    t->type = lp_le_get_u32(e + 8);
+    t->group = lp_le_get_u32(e + 12);
+    t->rows = lp_le_get_u64(e + 16);
+    t->cols = lp_le_get_u64(e + 24);
+    uint64_t offset = lp_le_get_u64(e + 32);
+    t->bytes = lp_le_get_u64(e + 40);
     char label[64];
     tensor_label(t, label, sizeof label);
     if (!lp_lpx_kind_name(t->kind))
@@ -242,8 +217,8 @@ int lp_lpx_parse(const void *data, size_t size, const char *what, lp_lpx *out, l
                        "bytes, must be %d-aligned)", what, (unsigned long long)data_offset,
                        (unsigned long long)table_end, size, LP_LPX_ALIGN);
     /* tokenizer blobs between the table and the data */
-    uint64_t tok_off = get_u64(p + 80), tok_n = get_u64(p + 88);
-    uint64_t tok2_off = get_u64(p + 96), tok2_n = get_u64(p + 104);
+    uint64_t tok_off = lp_le_get_u64(p + 80), tok_n = lp_le_get_u64(p + 88);
+    uint64_t tok2_off = lp_le_get_u64(p + 96), tok2_n = lp_le_get_u64(p + 104);
     if (tok_n == 0) return lp_fail(err, "%s: the file has no tokenizer", what);
     if (check_blob(tok_off, tok_n, table_end, data_offset, "tokenizer", what, err)) return -1;
     if (tok2_n == 0 && tok2_off != 0)
@@ -312,26 +287,26 @@ static void fill_header(uint8_t *hd, const lp_lpx_header *h, uint64_t file_bytes
                         uint64_t data_offset) {
     memset(hd, 0, LP_LPX_HEADER_BYTES);
     memcpy(hd, LP_LPX_MAGIC, 4);
-    put_u32(hd + 4, LP_LPX_VERSION);
-    put_u64(hd + 8, file_bytes);
-    put_u32(hd + 16, h->arch);
-    put_u32(hd + 20, h->flags);
+    lp_le_put_u32(hd + 4, LP_LPX_VERSION);
+    lp_le_put_u64(hd + 8, file_bytes);
+    lp_le_put_u32(hd + 16, h->arch);
+    lp_le_put_u32(hd + 20, h->flags);
     const uint32_t dims[8] = {h->n_vocab, h->dim, h->n_layers, h->n_heads, h->n_kv_heads,
                               h->head_dim, h->ffn_dim, h->n_ctx_train};
-    for (int i = 0; i < 8; i++) put_u32(hd + 24 + 4 * i, dims[i]);
-    put_f32(hd + 56, h->rope_theta);
-    put_f32(hd + 60, h->rms_eps);
-    put_u32(hd + 64, h->acts);
-    put_u32(hd + 68, h->weight_type);
-    put_u32(hd + 72, h->group);
-    put_u32(hd + 76, h->tokenizer_kind);
-    put_u64(hd + 80, tok_off);
-    put_u64(hd + 88, tok_n);
-    put_u64(hd + 96, tok2_off);
-    put_u64(hd + 104, tok2_n);
-    put_u32(hd + 112, n);
-    put_u64(hd + 120, LP_LPX_HEADER_BYTES);
-    put_u64(hd + 128, data_offset);
+    for (int i = 0; i < 8; i++) lp_le_put_u32(hd + 24 + 4 * i, dims[i]);
+    lp_le_put_f32(hd + 56, h->rope_theta);
+    lp_le_put_f32(hd + 60, h->rms_eps);
+    lp_le_put_u32(hd + 64, h->acts);
+    lp_le_put_u32(hd + 68, h->weight_type);
+    lp_le_put_u32(hd + 72, h->group);
+    lp_le_put_u32(hd + 76, h->tokenizer_kind);
+    lp_le_put_u64(hd + 80, tok_off);
+    lp_le_put_u64(hd + 88, tok_n);
+    lp_le_put_u64(hd + 96, tok2_off);
+    lp_le_put_u64(hd + 104, tok2_n);
+    lp_le_put_u32(hd + 112, n);
+    lp_le_put_u64(hd + 120, LP_LPX_HEADER_BYTES);
+    lp_le_put_u64(hd + 128, data_offset);
     /* name: whole UTF-8 characters, NUL-padded */
     size_t len = strnlen(h->name, LP_LPX_NAME_BYTES - 1);
     while (len > 0 && ((uint8_t)h->name[len] & 0xC0) == 0x80) len--;
@@ -372,14 +347,14 @@ int lp_lpx_write(const char *path, const lp_lpx_header *h, const void *tok, size
         offsets[i] = pos;
         pos = align_up(pos + t->bytes);
         uint8_t *e = table + (size_t)i * LP_LPX_ENTRY_BYTES;
-        put_u32(e, t->kind);
-        put_u32(e + 4, t->layer);
-        put_u32(e + 8, t->type);
-        put_u32(e + 12, t->group);
-        put_u64(e + 16, t->rows);
-        put_u64(e + 24, t->cols);
-        put_u64(e + 32, offsets[i]);
-        put_u64(e + 40, t->bytes);
+        lp_le_put_u32(e, t->kind);
+        lp_le_put_u32(e + 4, t->layer);
+        lp_le_put_u32(e + 8, t->type);
+        lp_le_put_u32(e + 12, t->group);
+        lp_le_put_u64(e + 16, t->rows);
+        lp_le_put_u64(e + 24, t->cols);
+        lp_le_put_u64(e + 32, offsets[i]);
+        lp_le_put_u64(e + 40, t->bytes);
     }
     uint8_t hd[LP_LPX_HEADER_BYTES];
     fill_header(hd, h, pos, n, tok_off, tok_bytes, tok2_off, tok2_bytes, data_offset);
