@@ -25,6 +25,8 @@ static void compile_usage(FILE *out) {
             "  --acts A        q8: int8 activations on integer kernels (W4A8, default),\n"
             "                  f32: float activations (W4A16, for accuracy comparison)\n"
             "  --no-search     q4: plain absmax scales (faster, less accurate)\n"
+            "  --q4-output     q4: pack the classifier (output / tied embedding) in 4 bits\n"
+            "                  too; by default it stays 8-bit, as small models need it\n"
             "  --no-fuse       keep q/k/v and gate/up as separate matrices\n"
             "  --no-fold       keep RMSNorm gains separate from the next projections\n"
             "  --threads N     quantization threads (default: all cores)\n"
@@ -127,6 +129,7 @@ int cli_compile(int argc, char **argv) {
         } else if (!strcmp(a, "--no-search")) p.no_search = true;
         else if (!strcmp(a, "--no-fuse")) p.no_fuse = true;
         else if (!strcmp(a, "--no-fold")) p.no_fold = true;
+        else if (!strcmp(a, "--q4-output")) p.q4_output = true;
         else if (!strcmp(a, "--quiet")) ps.quiet = true;
         else if (a[0] == '-') {
             fprintf(stderr, "loraplex compile: unknown option '%s'\n", a);

@@ -430,6 +430,17 @@ static int add_matrix(compiler *c, uint32_t kind, int layer, const lp_weight *co
     lp_lpx_tensor *t = add_tensor(c, kind, layer, &j, err);
     if (!t) return -1;
     choose_type(c, j->name, srcs[0], lookup_only, &t->type, &t->group);
+    /* The classifier (the output matrix, or the embedding when tied) of a
+     * float source stays 8-bit under q4, as llama.cpp keeps it at Q6_K/Q8_0:
+     * 4-bit logits measurably hurt small models (the demo base stops
+     * predicting EOS). Already-quantized sources keep their bit-exact repack. */
+    bool classifier = kind == LP_LPX_T_OUTPUT || (kind == LP_LPX_T_TOK_EMBD && !lookup_only);
+    bool float_source = srcs[0]->type == LP_F32 || srcs[0]->type == LP_F16 || srcs[0]->type == LP_BF16;
+    if (classifier && float_source && t->type == LP_W4 && !c->p->q4_output &&
+        lp_pack_bytes(LP_W8, 16, srcs[0]->cols, 32)) {
+        t->type = LP_W8;
+        t->group = 32;
+    }
     int64_t rows = 0;
     for (int i = 0; i < n; i++) {
         j->parts[i] = (cpart){.src = srcs[i], .gain = gain, .row0 = rows};

@@ -100,6 +100,7 @@ typedef struct lp_compile_params {
     bool float_acts;        /* record float activations (W*A16) instead of int8 */
     bool no_search;         /* W4: plain absmax scales instead of the error search */
     bool no_fuse, no_fold;
+    bool q4_output;         /* q4: pack the classifier in 4 bits too (default: 8-bit) */
     int n_threads;          /* 0: all cores */
     /* progress: after each tensor (i of n, bytes of source weights done/total) */
     void (*progress)(void *user, int i, int n, const char *name, uint64_t done, uint64_t total);
