@@ -734,9 +734,40 @@ static void test_packing(void) {
     lp_train_model_free(m);
 }
 
+/* A compiled base (norm gains folded into the weights, fused projections)
+ * is refused: training on it would apply the gains twice. */
+static void test_compiled_base_refused(void) {
+    lp_error err;
+    lp_model *src = lp_model_load(LP_SHARED_MODELS "/stories260K.gguf", NULL, &err);
+    CHECK(src != NULL);
+    if (!src) return;
+    char path[] = "/tmp/lp_train_lpx_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    lp_compile_params p = {.weight_type = LP_F32, .n_threads = 1};
+    CHECK(lp_model_compile(src, path, &p, &err) == 0);
+    lp_model *compiled = lp_model_load(path, NULL, &err);
+    CHECK(compiled != NULL && compiled->norms_folded);
+    lp_train_config cfg;
+    CHECK(lp_train_config_from_model(src, &cfg, &err) == 0);
+    lp_train_model *m = lp_train_model_create(&cfg, LP_TRAIN_LORA, &err);
+    CHECK(m != NULL);
+    if (m && compiled) {
+        CHECK(lp_train_model_load_base(m, src, &err) == 0);
+        CHECK(lp_train_model_load_base(m, compiled, &err) != 0 &&
+              strstr(err.message, "compiled base") != NULL);
+    }
+    lp_train_model_free(m);
+    lp_model_free(compiled);
+    lp_model_free(src);
+    unlink(path);
+}
+
 int main(void) {
     lp_error err;
     lp_threadpool *pool = lp_threadpool_create(2, &err);
+    test_compiled_base_refused();
     test_gradients(false, false, NULL);
     test_gradients(true, true, pool);
     printf("gradient check: worst relative error %.3g\n", worst_rel);

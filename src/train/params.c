@@ -332,6 +332,12 @@ static int copy_matrix(float *dst, const lp_weight *w, int64_t rows, int64_t col
 }
 
 int lp_train_model_load_base(lp_train_model *m, const lp_model *base, lp_error *err) {
+    /* A compiled base has its norm gains inside the weights and q/k/v,
+     * gate/up fused: training on it would apply the gains twice. */
+    for (int l = 0; l < base->hp.n_layers; l++)
+        if (base->norms_folded || base->layers[l].wqkv.data || base->layers[l].w_gate_up.data)
+            return lp_fail(err, "%s: a compiled base (folded norms, fused projections) cannot be "
+                           "trained on; use the model it was compiled from", base->path);
     lp_train_config bc = {0};
     if (lp_train_config_from_model(base, &bc, err) < 0) return -1;
     const lp_train_config *c = &m->cfg;
