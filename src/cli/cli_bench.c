@@ -183,52 +183,30 @@ static double decode_speed(lp_context *ctx, lp_row *rows, int max_rows, const in
  * loads per the target attribute. The sum is returned so it is not elided. */
 typedef uint64_t u64x4 __attribute__((vector_size(32), may_alias));
 
-static uint64_t sum_generic(const uint8_t *p, size_t n) {
-    const u64x4 *v = (const u64x4 *)(const void *)p;
-    size_t n_vec = n / sizeof(u64x4);
-    u64x4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (size_t i = 0; i + 4 <= n_vec; i += 4) {
-        a0 += v[i];
-        a1 += v[i + 1];
-        a2 += v[i + 2];
-        a3 += v[i + 3];
+/* One body, stamped out per target: four independent accumulators over
+ * `vec` lanes, reduced at the end. */
+#define DEFINE_SUM(name, attr, vec, lanes)                                   \
+    attr static uint64_t name(const uint8_t *p, size_t n) {                  \
+        const vec *v = (const vec *)(const void *)p;                         \
+        size_t n_vec = n / sizeof(vec);                                      \
+        vec a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};                          \
+        for (size_t i = 0; i + 4 <= n_vec; i += 4) {                         \
+            a0 += v[i];                                                      \
+            a1 += v[i + 1];                                                  \
+            a2 += v[i + 2];                                                  \
+            a3 += v[i + 3];                                                  \
+        }                                                                    \
+        vec s = a0 + a1 + a2 + a3;                                           \
+        uint64_t t = 0;                                                      \
+        for (int i = 0; i < (lanes); i++) t += s[i];                         \
+        return t;                                                            \
     }
-    u64x4 s = a0 + a1 + a2 + a3;
-    return s[0] + s[1] + s[2] + s[3];
-}
 
+DEFINE_SUM(sum_generic, , u64x4, 4)
 #if defined(__x86_64__)
 typedef uint64_t u64x8 __attribute__((vector_size(64), may_alias));
-
-__attribute__((target("avx2"))) static uint64_t sum_avx2(const uint8_t *p, size_t n) {
-    const u64x4 *v = (const u64x4 *)(const void *)p;
-    size_t n_vec = n / sizeof(u64x4);
-    u64x4 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (size_t i = 0; i + 4 <= n_vec; i += 4) {
-        a0 += v[i];
-        a1 += v[i + 1];
-        a2 += v[i + 2];
-        a3 += v[i + 3];
-    }
-    u64x4 s = a0 + a1 + a2 + a3;
-    return s[0] + s[1] + s[2] + s[3];
-}
-
-__attribute__((target("avx512f"))) static uint64_t sum_avx512(const uint8_t *p, size_t n) {
-    const u64x8 *v = (const u64x8 *)(const void *)p;
-    size_t n_vec = n / sizeof(u64x8);
-    u64x8 a0 = {0}, a1 = {0}, a2 = {0}, a3 = {0};
-    for (size_t i = 0; i + 4 <= n_vec; i += 4) {
-        a0 += v[i];
-        a1 += v[i + 1];
-        a2 += v[i + 2];
-        a3 += v[i + 3];
-    }
-    u64x8 s = a0 + a1 + a2 + a3;
-    uint64_t t = 0;
-    for (int i = 0; i < 8; i++) t += s[i];
-    return t;
-}
+DEFINE_SUM(sum_avx2, __attribute__((target("avx2"))), u64x4, 4)
+DEFINE_SUM(sum_avx512, __attribute__((target("avx512f"))), u64x8, 8)
 #endif
 
 typedef uint64_t (*sum_fn)(const uint8_t *, size_t);

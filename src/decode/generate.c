@@ -319,7 +319,6 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
         if (prefill_rows(&R, &n_rows, &n_logits, prompt + keep, shared_len - keep, seq0,
                          p.prefix_adapter, -1, err))
             goto done;
-        R.row_stream[n_rows - 1] = -2; /* marker: shared logits row */
         R.rows[n_rows - 1].logits = true;
         if (lp_forward(ctx, R.rows, n_rows, err)) goto done;
         const float *logits = lp_logits(ctx, n_rows - 1);
