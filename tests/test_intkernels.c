@@ -473,6 +473,68 @@ static void test_matmul_multi(void) {
     lp_threadpool_destroy(pool2);
 }
 
+/* lp_matmul_tasks (independent weights, inputs and outputs: the segmented
+ * LoRA shrink/expand) gives the bits of one lp_matmul per task, at every
+ * level and thread count, with shared and separate inputs, on the packed
+ * single pass and on the fallback (a float weight in the set). */
+static void test_matmul_tasks(void) {
+    lp_rng rng;
+    lp_rng_seed(&rng, 23);
+    lp_error err;
+    lp_threadpool *pool2 = lp_threadpool_create(2, &err);
+    CHECK(pool2 != NULL);
+    int_level_setup levels[5];
+    int n_levels = int_levels(levels);
+    enum { N_TASKS = 5, MAXC = 256, MAXB = 12 };
+    /* shrink-like (rank x width) and expand-like (width x 32) shapes */
+    static const int64_t rows[N_TASKS] = {16, 8, 32, 200, 96}, cols[N_TASKS] = {256, 256, 64, 32, 64};
+    static const int64_t nb[N_TASKS] = {3, 3, 12, 1, 7};
+    float *X[N_TASKS], *Yt[N_TASKS], *Ys[N_TASKS], *wf[N_TASKS];
+    void *mem[N_TASKS];
+    lp_weight W[N_TASKS];
+    for (int i = 0; i < N_TASKS; i++) {
+        wf[i] = rand_normal(&rng, rows[i] * cols[i], 0.05f);
+        mem[i] = malloc(lp_pack_bytes(LP_W8, rows[i], cols[i], 32));
+        CHECK(lp_pack_weight(LP_W8, 32, wf[i], rows[i], cols[i], mem[i]) == 0);
+        W[i] = lp_packed_weight(LP_W8, 32, rows[i], cols[i], mem[i]);
+        X[i] = rand_normal(&rng, MAXB * MAXC, 1.0f);
+        Yt[i] = malloc((size_t)MAXB * (size_t)(rows[i] + 3) * sizeof(float));
+        Ys[i] = malloc((size_t)MAXB * (size_t)(rows[i] + 3) * sizeof(float));
+    }
+    lp_weight Wf = {.type = LP_F32, .rows = rows[4], .cols = cols[4], .row_bytes = (size_t)cols[4] * 4, .data = wf[4]};
+    int bad = 0;
+    for (int l = 0; l < n_levels; l++) {
+        CHECK(lp_kernels_reserve(&levels[l].k, MAXB, MAXC, &err) == 0);
+        for (int variant = 0; variant < 3; variant++) /* 0 separate inputs, 1 shared, 2 with a float weight */
+            for (int threads = 1; threads <= 2; threads++) {
+                lp_matmul_task t[N_TASKS];
+                for (int i = 0; i < N_TASKS; i++) {
+                    const float *x = variant == 1 && i == 1 ? X[0] : X[i]; /* task 1 shares task 0's rows */
+                    t[i] = (lp_matmul_task){variant == 2 && i == 4 ? &Wf : &W[i], x, MAXC, nb[i], Yt[i], rows[i] + 3};
+                    for (int64_t j = 0; j < MAXB * (rows[i] + 3); j++) Yt[i][j] = 777.0f;
+                    lp_matmul(&levels[l].k, threads == 2 ? pool2 : NULL, t[i].W, x, MAXC, nb[i], Ys[i], rows[i] + 3);
+                }
+                lp_matmul_tasks(&levels[l].k, threads == 2 ? pool2 : NULL, N_TASKS, t);
+                for (int i = 0; i < N_TASKS; i++)
+                    for (int64_t b = 0; b < nb[i]; b++) {
+                        bad += memcmp(Ys[i] + b * (rows[i] + 3), Yt[i] + b * (rows[i] + 3),
+                                      (size_t)rows[i] * sizeof(float)) != 0;
+                        bad += Yt[i][b * (rows[i] + 3) + rows[i]] != 777.0f; /* no write past the rows */
+                    }
+            }
+        lp_kernels_free(&levels[l].k);
+    }
+    CHECK_MSG(bad == 0, "lp_matmul_tasks: %d rows differ from separate lp_matmul calls", bad);
+    for (int i = 0; i < N_TASKS; i++) {
+        free(wf[i]);
+        free(mem[i]);
+        free(X[i]);
+        free(Yt[i]);
+        free(Ys[i]);
+    }
+    lp_threadpool_destroy(pool2);
+}
+
 int main(void) {
     test_geometry();
     test_exact_roundtrip();
@@ -481,5 +543,6 @@ int main(void) {
     test_quantize_act();
     test_matmul();
     test_matmul_multi();
+    test_matmul_tasks();
     return check_summary("intkernels");
 }

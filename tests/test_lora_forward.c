@@ -106,8 +106,20 @@ static void test_shared_lora(void) {
     lp_model_free(merged);
 }
 
-/* Rows with adapters 0, 1, 2 (ranks 4 and 8) in one batch == each alone. */
-static void test_mixed_batch(const char *base_path, const char *dir) {
+/* Writes `a` as an int8 (W8) .lpa and loads that instead. */
+static lp_adapter *as_int8(lp_model *m, lp_adapter *a, const char *path) {
+    lp_error err;
+    if (!a) return NULL;
+    CHECK_MSG(lp_adapter_write_lpa(a, path, LP_W8, &err) == 0, "%s", err.message);
+    lp_adapter_free(a);
+    lp_adapter *b = lp_adapter_load(m, path, 1.0f, &err);
+    CHECK_MSG(b != NULL, "%s", err.message);
+    return b;
+}
+
+/* Rows with adapters 0, 1, 2 (ranks 4 and 8) in one batch == each alone;
+ * int8: the adapters stored as W8 .lpa (the segmented integer path). */
+static void test_mixed_batch(const char *base_path, const char *dir, bool int8) {
     lp_error err;
     lp_model *m = lp_model_load(base_path, NULL, &err);
     CHECK(m != NULL);
@@ -119,6 +131,14 @@ static void test_mixed_batch(const char *base_path, const char *dir) {
     CHECK(lp_synth_lora_write(base_path, 8, 4, "q,v,down", 12, a2, &err) == 0);
     lp_adapter *ad[3] = {NULL, lp_adapter_load(m, a1, 1.0f, &err), lp_adapter_load(m, a2, 0.5f, &err)};
     CHECK_MSG(ad[1] && ad[2], "%s", err.message);
+    if (int8) {
+        snprintf(a1, sizeof a1, "%s/a1-i8.lpa", dir);
+        snprintf(a2, sizeof a2, "%s/a2-i8.lpa", dir);
+        ad[1] = as_int8(m, ad[1], a1);
+        ad[2] = as_int8(m, ad[2], a2);
+        /* W8 where the input width allows it (qwen2-tiny is 16 wide: F16) */
+        CHECK(ad[1] && (lp_adapter_pair(ad[1], 0, LP_PROJ_Q)->A.type == LP_W8) == (m->hp.dim % 32 == 0));
+    }
     if (!ad[1] || !ad[2]) return;
     int V = m->hp.n_vocab;
     int32_t prompts[3][5] = {{1, 5, 9, 13, 17}, {1, 30, 31, 32, 33}, {1, 7, 8, 9, 10}};
@@ -162,12 +182,57 @@ static void test_mixed_batch(const char *base_path, const char *dir) {
     lp_model_free(m);
 }
 
+/* An int8 (W8) adapter moves the logits almost exactly as its f32 source:
+ * the difference is a small fraction of the adapter's own effect. */
+static void test_int8_accuracy(const char *base_path, const char *dir) {
+    lp_error err;
+    lp_model *m = lp_model_load(base_path, NULL, &err);
+    CHECK(m != NULL);
+    if (!m) return;
+    char src[512], dst[512];
+    snprintf(src, sizeof src, "%s/acc.gguf", dir);
+    snprintf(dst, sizeof dst, "%s/acc-i8.lpa", dir);
+    int rank = m->hp.dim < 32 ? 8 : 32;
+    CHECK(lp_synth_lora_write(base_path, rank, 2.0f * (float)rank, "q,k,v,o,gate,up,down", 21, src, &err) == 0);
+    lp_adapter *f = lp_adapter_load(m, src, 1.0f, &err);
+    lp_adapter *q = as_int8(m, lp_adapter_load(m, src, 1.0f, &err), dst);
+    CHECK(f && q);
+    if (!f || !q) return;
+    /* f32 -> int8 (+ f16 scales per 32), F16 where widths are not multiples of 32 */
+    printf("adapter bytes: f32 %llu, int8 %llu\n", (unsigned long long)f->bytes, (unsigned long long)q->bytes);
+    CHECK(m->hp.dim % 32 == 0 ? q->bytes * 3 < f->bytes : q->bytes < f->bytes);
+    int V = m->hp.n_vocab;
+    int32_t prompt[6] = {1, 40, 41, 42, 43, 44};
+    float *out[3];
+    const lp_adapter *which[3] = {NULL, f, q};
+    for (int i = 0; i < 3; i++) {
+        lp_context *ctx = make_ctx(m, 1);
+        if (which[i]) CHECK(lp_context_bind_adapter(ctx, 1, which[i], &err) == 0);
+        out[i] = malloc((size_t)V * sizeof(float));
+        memcpy(out[i], prefill(ctx, prompt, 6, 0, which[i] ? 1 : 0), (size_t)V * sizeof(float));
+        lp_context_free(ctx);
+    }
+    float effect = max_diff(out[0], out[1], V), error = max_diff(out[1], out[2], V);
+    printf("%s: int8 adapter error %.4g vs adapter effect %.4g\n", base_path, (double)error, (double)effect);
+    CHECK(effect > 0.1f);
+    CHECK_MSG(error < 0.05f * effect, "int8 adapter error %g is not small next to its effect %g", (double)error,
+              (double)effect);
+    for (int i = 0; i < 3; i++) free(out[i]);
+    lp_adapter_free(f);
+    lp_adapter_free(q);
+    lp_model_free(m);
+}
+
 int main(void) {
     test_shared_lora();
     char dir[] = "/tmp/lp_lora_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    test_mixed_batch(LP_SHARED_MODELS "/stories260K.gguf", dir);
-    test_mixed_batch(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir);
+    for (int int8 = 0; int8 < 2; int8++) {
+        test_mixed_batch(LP_SHARED_MODELS "/stories260K.gguf", dir, int8);
+        test_mixed_batch(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir, int8);
+    }
+    test_int8_accuracy(LP_SHARED_MODELS "/stories260K.gguf", dir);
+    test_int8_accuracy(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

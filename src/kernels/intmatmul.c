@@ -313,6 +313,99 @@ bool lp_matmul_packed_multi(const lp_kernels *k, lp_threadpool *pool, int n, con
     return true;
 }
 
+/* ---- independent tasks in one pass (the segmented LoRA matmul) ---------------------- */
+
+typedef struct tasks_job {
+    const lp_kernels *k;
+    int n;
+    const lp_matmul_task *t;
+    lp_packed_geom geom[LP_MATMUL_TASKS_MAX];
+    lp_qact a[LP_MATMUL_TASKS_MAX];
+    int quantized_by[LP_MATMUL_TASKS_MAX]; /* the task whose codes this one reuses (itself if none) */
+    int64_t first_row[LP_MATMUL_TASKS_MAX + 1]; /* prefix sums of n_batch over the tasks */
+} tasks_job;
+
+static void tasks_quant_worker(void *ctx, int ti, int nt) {
+    const tasks_job *job = ctx;
+    int64_t r0, r1;
+    lp_split_range(job->first_row[job->n], ti, nt, 1, &r0, &r1);
+    void (*quantize)(const float *, int64_t, int, int, int8_t *, float *, int32_t *) = lp_quantize_act_ref;
+#if defined(__x86_64__)
+    if (job->k->int_level == LP_INT_AVX512VNNI || job->k->int_level == LP_INT_AMX) quantize = lp_quantize_act_avx512;
+    else if (job->k->int_level == LP_INT_AVX2) quantize = lp_quantize_act_avx2;
+#endif
+    for (int i = 0; i < job->n && r0 < r1; i++) {
+        int64_t lo = r0 > job->first_row[i] ? r0 : job->first_row[i];
+        int64_t hi = r1 < job->first_row[i + 1] ? r1 : job->first_row[i + 1];
+        if (job->quantized_by[i] != i) continue;
+        const lp_matmul_task *t = &job->t[i];
+        const lp_qact *a = &job->a[i];
+        int offset = t->W->type == LP_W4 ? 8 : 128;
+        for (int64_t b = lo - job->first_row[i]; b < hi - job->first_row[i]; b++)
+            quantize(t->X + b * t->x_stride, t->W->cols, job->geom[i].group, offset, a->q + b * a->q_stride,
+                     a->d + b * a->groups, a->corr + b * a->groups);
+    }
+}
+
+/* Every thread takes its share of every task's panels: tasks differ in
+ * rows and batch, so splitting each one keeps the threads even. */
+static void tasks_gemm_worker(void *ctx, int ti, int nt) {
+    const tasks_job *job = ctx;
+    for (int i = 0; i < job->n; i++) {
+        const lp_matmul_task *t = &job->t[i];
+        int64_t p0, p1;
+        lp_split_range(job->geom[i].panels, ti, nt, 1, &p0, &p1);
+        if (p0 >= p1) continue;
+        lp_igemm g = {t->W->data, job->geom[i], t->W->rows, p0, p1, &job->a[job->quantized_by[i]], t->n_batch, t->Y,
+                      t->y_stride};
+        pick_kernel(job->k->int_level, t->W->type, t->n_batch)(&g);
+    }
+}
+
+static bool same_input(const lp_matmul_task *a, const lp_matmul_task *b, const lp_packed_geom *ga,
+                       const lp_packed_geom *gb) {
+    return a->X == b->X && a->x_stride == b->x_stride && a->n_batch == b->n_batch && a->W->cols == b->W->cols &&
+           ga->group == gb->group && (a->W->type == LP_W4) == (b->W->type == LP_W4);
+}
+
+bool lp_matmul_packed_tasks(const lp_kernels *k, lp_threadpool *pool, int n, const lp_matmul_task *t) {
+    if (n < 1 || n > LP_MATMUL_TASKS_MAX || !k->int8_activations || !k->scratch) return false;
+    tasks_job job = {.k = k, .n = n, .t = t};
+    uint8_t *s = k->scratch, *end = s + k->scratch_bytes;
+    double work = 0;
+    for (int i = 0; i < n; i++) {
+        const lp_weight *w = t[i].W;
+        if ((w->type != LP_W4 && w->type != LP_W8) || w->rows <= 0 || t[i].n_batch <= 0 ||
+            !lp_packed_geometry(w->type, w->rows, w->cols, w->group, &job.geom[i]))
+            return false;
+        job.first_row[i + 1] = job.first_row[i] + t[i].n_batch;
+        work += (double)w->rows * (double)w->cols * (double)t[i].n_batch;
+        job.quantized_by[i] = i;
+        for (int j = 0; j < i; j++)
+            if (job.quantized_by[j] == j && same_input(&t[i], &t[j], &job.geom[i], &job.geom[j])) {
+                job.quantized_by[i] = j;
+                break;
+            }
+        if (job.quantized_by[i] != i) continue;
+        /* this task's codes, scales and corrections in the scratch */
+        lp_qact *a = &job.a[i];
+        a->q_stride = round64(w->cols);
+        a->groups = job.geom[i].groups;
+        /* each region 64-byte aligned, as the kernels' loads of codes expect */
+        size_t bytes = (size_t)round64((int64_t)(act_row_bytes(w->cols, a->groups) * (size_t)t[i].n_batch));
+        if (bytes > (size_t)(end - s)) return false;
+        a->q = (int8_t *)s;
+        a->d = (float *)(s + (size_t)t[i].n_batch * (size_t)a->q_stride);
+        a->corr = (int32_t *)(a->d + t[i].n_batch * a->groups);
+        s += bytes;
+    }
+    /* Small passes run on the calling thread: waking the pool costs more. */
+    lp_threadpool *p = work < 65536.0 ? NULL : pool;
+    lp_threadpool_run(job.first_row[n] >= 4 ? p : NULL, tasks_quant_worker, &job);
+    lp_threadpool_run(p, tasks_gemm_worker, &job);
+    return true;
+}
+
 void lp_matmul_ref_packed(const lp_weight *W, const float *X, int64_t x_stride, int64_t n_batch, float *Y,
                           int64_t y_stride) {
     lp_packed_geom g;

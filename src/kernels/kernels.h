@@ -119,6 +119,23 @@ void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
 void lp_matmul_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_weight *const *W,
                      const float *X, int64_t x_stride, int64_t n_batch, float *const *Y,
                      const int64_t *y_stride);
+/* Independent matmuls (each its own weight, input rows and output) in one
+ * pass over the pool: the segmented LoRA shrink or expand, where every
+ * adapter group of a batch multiplies its own rows by its own small
+ * matrices. Same bits as one lp_matmul per task. When every weight is
+ * packed with int8 activations and the inputs fit the scratch, inputs are
+ * quantized once (tasks with the same X, rows and width share it) and one
+ * GEMM pass covers every task's panels: two pool round trips in all
+ * instead of two per task. Anything else runs as n lp_matmul calls. */
+typedef struct lp_matmul_task {
+    const lp_weight *W;
+    const float *X;
+    int64_t x_stride, n_batch;
+    float *Y;
+    int64_t y_stride;
+} lp_matmul_task;
+#define LP_MATMUL_TASKS_MAX 64
+void lp_matmul_tasks(const lp_kernels *k, lp_threadpool *pool, int n, const lp_matmul_task *tasks);
 /* Plain reference: dequantize each row, double-free float dot. */
 void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
                    int64_t n_batch, float *Y, int64_t y_stride);

@@ -121,6 +121,9 @@ bool lp_matmul_packed(const lp_kernels *k, lp_threadpool *pool, const lp_weight 
 bool lp_matmul_packed_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_weight *const *W,
                             const float *X, int64_t x_stride, int64_t n_batch, float *const *Y,
                             const int64_t *y_stride);
+/* lp_matmul_tasks for packed weights; false when they do not qualify
+ * (a float weight, float path, or the inputs do not fit the scratch). */
+bool lp_matmul_packed_tasks(const lp_kernels *k, lp_threadpool *pool, int n, const lp_matmul_task *t);
 void lp_matmul_ref_packed(const lp_weight *W, const float *X, int64_t x_stride, int64_t n_batch, float *Y,
                           int64_t y_stride);
 

@@ -192,6 +192,14 @@ void lp_matmul_multi(const lp_kernels *k, lp_threadpool *pool, int n, const lp_w
     for (int i = 0; i < n; i++) lp_matmul(k, pool, W[i], X, x_stride, n_batch, Y[i], y_stride[i]);
 }
 
+void lp_matmul_tasks(const lp_kernels *k, lp_threadpool *pool, int n, const lp_matmul_task *tasks) {
+    if (n <= 0 || lp_matmul_packed_tasks(k, pool, n, tasks)) return;
+    for (int i = 0; i < n; i++) {
+        const lp_matmul_task *t = &tasks[i];
+        lp_matmul(k, pool, t->W, t->X, t->x_stride, t->n_batch, t->Y, t->y_stride);
+    }
+}
+
 void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
                    int64_t n_batch, float *Y, int64_t y_stride) {
     if (W->type == LP_W4 || W->type == LP_W8) {

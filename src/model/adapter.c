@@ -154,13 +154,26 @@ static const char *basename_of(const char *path) {
     return s;
 }
 
+/* Bytes of one half of a pair (packed W8 halves are not row-strided). */
+static size_t half_bytes(const lp_weight *w) {
+    if (w->type == LP_W8) return lp_pack_bytes(LP_W8, w->rows, w->cols, w->group);
+    return w->row_bytes * (size_t)w->rows;
+}
+
+/* Row r of a half as `cols` floats (a packed B row has padding columns
+ * past the rank; they are dropped). */
+static void half_row(const lp_weight *w, int64_t r, float *row_buf, float *dst, int64_t cols) {
+    lp_weight_dequantize_row(w, r, row_buf);
+    memcpy(dst, row_buf, (size_t)cols * sizeof(float));
+}
+
 static void finish_totals(lp_adapter *a) {
     a->bytes = 0;
     a->max_rank = 0;
     for (int i = 0; i < a->n_layers * LP_PROJ_COUNT; i++) {
         const lp_lora_pair *p = &a->pairs[i];
         if (p->rank == 0) continue;
-        a->bytes += (uint64_t)(p->A.row_bytes * (size_t)p->A.rows + p->B.row_bytes * (size_t)p->B.rows);
+        a->bytes += (uint64_t)(half_bytes(&p->A) + half_bytes(&p->B));
         if (p->rank > a->max_rank) a->max_rank = p->rank;
     }
 }
@@ -856,14 +869,35 @@ static lp_adapter *load_peft(const lp_model *m, const char *dir, float scale, lp
 
 /* ---- .lpa --------------------------------------------------------------------------- */
 
+/* The W8 halves of an .lpa entry as packed weights (B is zero-padded to a
+ * multiple of 32 columns). */
+static lp_weight lpa_half(const lp_lpa_entry *e, bool is_b) {
+    int64_t rank = (int64_t)e->rank, kr = (rank + 31) & ~(int64_t)31;
+    if (e->dtype == LP_W8)
+        return is_b ? lp_packed_weight(LP_W8, 32, (int64_t)e->out, kr, e->b)
+                    : lp_packed_weight(LP_W8, 32, rank, (int64_t)e->in, e->a);
+    size_t esz = e->dtype == LP_F16 ? 2 : 4;
+    return is_b ? (lp_weight){.type = e->dtype, .rows = (int64_t)e->out, .cols = rank,
+                              .row_bytes = esz * (size_t)rank, .data = e->b}
+                : (lp_weight){.type = e->dtype, .rows = rank, .cols = (int64_t)e->in,
+                              .row_bytes = esz * e->in, .data = e->a};
+}
+
 static int check_lpa_data(const lp_lpa_entry *e, const char *what, lp_error *err) {
-    const uint8_t *halves[2] = {e->a, e->b};
-    size_t counts[2] = {(size_t)e->rank * e->in, (size_t)e->rank * e->out};
-    for (int h = 0; h < 2; h++)
-        for (size_t i = 0; i < counts[h]; i++)
-            if (!isfinite(read_elem(e->dtype, halves[h], i)))
-                return lp_fail(err, "%s: layer %u %s lora_%c has a non-finite value", what,
-                               e->layer, proj_short[e->proj], h ? 'B' : 'A');
+    for (int h = 0; h < 2; h++) {
+        lp_weight w = lpa_half(e, h == 1);
+        float *row = lp_alloc((size_t)w.cols * sizeof(float));
+        if (!row) return lp_fail(err, "out of memory");
+        bool finite = true;
+        for (int64_t r = 0; r < w.rows && finite; r++) {
+            lp_weight_dequantize_row(&w, r, row);
+            for (int64_t c = 0; c < w.cols; c++) finite &= isfinite(row[c]) != 0;
+        }
+        lp_free(row);
+        if (!finite)
+            return lp_fail(err, "%s: layer %u %s lora_%c has a non-finite value", what,
+                           e->layer, proj_short[e->proj], h ? 'B' : 'A');
+    }
     return 0;
 }
 
@@ -885,13 +919,10 @@ static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t 
             break;
         }
         lp_lora_pair *p = lp_adapter_pair(a, (int)e->layer, (lp_proj)e->proj);
-        size_t esz = e->dtype == LP_F16 ? 2 : 4;
         p->rank = (int)e->rank;
         p->scale = s;
-        p->A = (lp_weight){.type = e->dtype, .rows = e->rank, .cols = (int64_t)e->in,
-                           .row_bytes = esz * e->in, .data = e->a};
-        p->B = (lp_weight){.type = e->dtype, .rows = (int64_t)e->out, .cols = e->rank,
-                           .row_bytes = esz * e->rank, .data = e->b};
+        p->A = lpa_half(e, false);
+        p->B = lpa_half(e, true);
     }
     if (a) {
         a->format = "lpa";
@@ -963,7 +994,7 @@ static uint64_t adapter_tag(const lp_adapter *a) {
             MIX(&pr->rank, sizeof pr->rank);
             MIX(&pr->scale, sizeof pr->scale);
             if (!pr->rank) continue;
-            size_t na = pr->A.row_bytes * (size_t)pr->A.rows, nb = pr->B.row_bytes * (size_t)pr->B.rows;
+            size_t na = half_bytes(&pr->A), nb = half_bytes(&pr->B);
             MIX(pr->A.data, na < 64 ? na : 64);
             MIX((const uint8_t *)pr->A.data + na - (na < 64 ? na : 64), na < 64 ? na : 64);
             MIX(pr->B.data, nb < 64 ? nb : 64);
@@ -989,39 +1020,65 @@ lp_adapter *lp_adapter_inspect(const char *path, lp_error *err) {
 
 /* ---- writing .lpa ------------------------------------------------------------------------ */
 
-/* A pair half as `type` (F32/F16): the data itself or a converted copy. */
-static const void *as_type(const lp_weight *w, uint32_t type, void **tmp, const char *what,
+/* A pair half as `type` (F32, F16, W8) in the .lpa layout: the data itself
+ * when it already is, else a converted copy left in *tmp. cols: the half's
+ * true width (B: the rank, without the padding of a packed B). */
+static const void *as_type(const lp_weight *w, int64_t cols, uint32_t type, void **tmp, const char *what,
                            lp_error *err) {
     *tmp = NULL;
     if (w->type == type) return w->data;
-    size_t n = (size_t)w->rows * (size_t)w->cols;
-    uint8_t *buf = lp_alloc(n * (type == LP_F16 ? 2 : 4));
-    if (!buf) {
-        lp_fail(err, "out of memory");
-        return NULL;
+    int64_t rows = w->rows, out_cols = type == LP_W8 ? (cols + 31) & ~(int64_t)31 : cols;
+    if (type == LP_W8 && w->cols != cols && w->cols % 32) out_cols = -1;
+    float *f = lp_alloc((size_t)rows * (size_t)out_cols * sizeof(float));
+    float *row = lp_alloc((size_t)w->cols * sizeof(float));
+    size_t bytes = type == LP_W8 ? lp_pack_bytes(LP_W8, rows, out_cols, 32)
+                                 : (size_t)rows * (size_t)cols * (type == LP_F16 ? 2 : 4);
+    uint8_t *buf = bytes ? lp_alloc(bytes) : NULL;
+    const void *result = NULL;
+    if (!f || !row || !buf) {
+        if (!bytes) lp_fail(err, "%s: W8 needs widths that are multiples of 32 (this half is %lld wide)", what,
+                            (long long)w->cols);
+        else lp_fail(err, "out of memory");
+        goto done;
     }
-    for (size_t i = 0; i < n; i++) {
-        float v = read_elem(w->type, w->data, i);
-        if (type == LP_F32) {
-            memcpy(buf + 4 * i, &v, 4);
-        } else {
-            uint16_t h = lp_f32_to_f16(v);
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = f + r * out_cols;
+        half_row(w, r, row, dst, cols);
+        for (int64_t c = cols; c < out_cols; c++) dst[c] = 0.0f; /* packed B padding */
+    }
+    if (type == LP_W8) {
+        if (lp_pack_weight(LP_W8, 32, f, rows, out_cols, buf)) {
+            lp_fail(err, "%s: cannot pack a %lld x %lld half as W8", what, (long long)rows, (long long)out_cols);
+            goto done;
+        }
+    } else {
+        size_t n = (size_t)rows * (size_t)cols;
+        for (size_t i = 0; i < n; i++) {
+            if (type == LP_F32) {
+                memcpy(buf + 4 * i, &f[i], 4);
+                continue;
+            }
+            uint16_t h = lp_f32_to_f16(f[i]);
             if (!isfinite(lp_f16_to_f32(h))) {
-                lp_free(buf);
-                lp_fail(err, "%s: value %g does not fit in F16", what, (double)v);
-                return NULL;
+                lp_fail(err, "%s: value %g does not fit in F16", what, (double)f[i]);
+                goto done;
             }
             memcpy(buf + 2 * i, &h, 2);
         }
     }
-    *tmp = buf;
-    return buf;
+    result = *tmp = buf;
+    buf = NULL;
+done:
+    lp_free(f);
+    lp_free(row);
+    lp_free(buf);
+    return result;
 }
 
 int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err) {
     if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
-    if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16)
-        return lp_fail(err, "%s: .lpa data must be F32 or F16", path);
+    if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16 && dtype != LP_W8)
+        return lp_fail(err, "%s: .lpa data must be F32, F16 or W8", path);
     size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
     lp_lpa_entry *es = calloc(n_slots ? n_slots : 1, sizeof *es);
     void **tmps = calloc(n_slots * 2 + 1, sizeof *tmps);
@@ -1031,14 +1088,17 @@ int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_er
         const lp_lora_pair *p = &a->pairs[s];
         if (p->rank == 0) continue;
         uint32_t type = dtype == -1 ? p->A.type : (uint32_t)dtype;
+        /* W8 groups are 32 wide: a projection whose input is not (stories260K's
+         * 172-wide down) keeps F16 */
+        if (type == LP_W8 && p->A.cols % 32) type = LP_F16;
         lp_lpa_entry *e = &es[n++];
         e->layer = (uint32_t)(s / LP_PROJ_COUNT);
         e->proj = (uint32_t)(s % LP_PROJ_COUNT);
         e->rank = (uint32_t)p->rank;
         e->dtype = type;
         e->scale = p->scale;
-        e->a = as_type(&p->A, type, &tmps[2 * s], path, err);
-        e->b = e->a ? as_type(&p->B, type, &tmps[2 * s + 1], path, err) : NULL;
+        e->a = as_type(&p->A, p->A.cols, type, &tmps[2 * s], path, err);
+        e->b = e->a ? as_type(&p->B, p->rank, type, &tmps[2 * s + 1], path, err) : NULL;
         if (!e->a || !e->b) rc = -1;
     }
     if (rc == 0) {
@@ -1071,9 +1131,7 @@ static bool parse_base_name(const char *name, int *layer, lp_proj *proj) {
 static float *to_f32(const lp_weight *w) {
     float *out = lp_alloc((size_t)w->rows * (size_t)w->cols * sizeof(float));
     if (!out) return NULL;
-    for (int64_t r = 0; r < w->rows; r++)
-        lp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)r * w->row_bytes,
-                          out + r * w->cols, w->cols);
+    for (int64_t r = 0; r < w->rows; r++) lp_weight_dequantize_row(w, r, out + r * w->cols);
     return out;
 }
 
@@ -1084,7 +1142,7 @@ static int add_low_rank(float *W, const lp_lora_pair *p, int64_t rows, int64_t c
     for (int64_t r = 0; r < rows && rc == 0; r++) {
         memset(delta, 0, (size_t)cols * sizeof(float));
         for (int k = 0; k < p->rank; k++) {
-            float b = B[r * p->rank + k];
+            float b = B[r * p->B.cols + k];
             const float *arow = A + (int64_t)k * cols;
             for (int64_t c = 0; c < cols; c++) delta[c] += b * arow[c];
         }

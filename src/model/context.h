@@ -70,8 +70,10 @@ struct lp_context {
     int *group_start;     /* [max_adapters + 2] offsets into group_rows */
     bool any_adapter;     /* some row of this batch uses an adapter */
     float *lora_x;        /* [rows][max in] gathered inputs of one group */
-    float *lora_t;        /* [rows][max rank] shrunk activations */
-    float *lora_y;        /* [rows][max out] expanded outputs */
+    float *lora_t;        /* shrunk activations of the pieces of one flush */
+    float *lora_y;        /* expanded outputs of the pieces of one flush */
+    size_t lora_t_cap, lora_y_cap; /* floats in lora_t, lora_y */
+    struct lora_batch *lora_batch; /* the pending LoRA pieces (forward.c) */
     int max_rank;         /* planned rank limit */
 };
 

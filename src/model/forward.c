@@ -29,6 +29,26 @@ lp_context_params lp_context_default_params(void) {
 
 /* ---- context creation: the plan ------------------------------------------------- */
 
+/* One adapter group's share of a projection: its rows' shrunk activations
+ * (t, kr wide) and expanded outputs (y, out wide) in the LoRA buffers. */
+typedef struct lora_piece {
+    const lp_lora_pair *pair;
+    int slot;
+    const int *rows;      /* batch row of each group row; NULL: rows 0..n-1 */
+    int n;
+    float *t, *y, *dst;   /* dst: the projection's output rows */
+    int64_t kr, out, dst_stride;
+} lora_piece;
+
+/* The LoRA work collected so far: shrink tasks (x A^T -> t), expand tasks
+ * (t B^T -> y), one piece per (group, projection). */
+typedef struct lora_batch {
+    int n;
+    size_t t_used, y_used;
+    lora_piece piece[LP_MATMUL_TASKS_MAX];
+    lp_matmul_task shrink[LP_MATMUL_TASKS_MAX], expand[LP_MATMUL_TASKS_MAX];
+} lora_batch;
+
 static void *plan_alloc(size_t count, size_t elem, bool *ok) {
     size_t bytes;
     if (!lp_mul_ok(count, elem, &bytes)) {
@@ -160,9 +180,18 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->slots = plan_alloc((size_t)ctx->params.max_adapters + 1, sizeof(lp_slot), &ok);
     ctx->group_rows = plan_alloc(rows, sizeof(int), &ok);
     ctx->group_start = plan_alloc((size_t)ctx->params.max_adapters + 2, sizeof(int), &ok);
+    /* LoRA buffers: q, k and v (or gate and up) of every row at once; a
+     * batch that needs more (one-hot over many adapters) flushes in parts */
+    size_t qkv_out = q_dim + 2 * kv_dim, gate_up_out = 2 * (size_t)hp->ffn_dim;
+    size_t lora_out = qkv_out > gate_up_out ? qkv_out : gate_up_out;
+    if (lora_out < widest) lora_out = widest;
+    size_t padded_rank = ((size_t)ctx->max_rank + 31) & ~(size_t)31; /* packed B pads to 32 */
+    ctx->lora_t_cap = rows * 3 * padded_rank;
+    ctx->lora_y_cap = rows * lora_out;
     ctx->lora_x = plan_alloc(rows * widest, sizeof(float), &ok);
-    ctx->lora_t = plan_alloc(rows * (size_t)ctx->max_rank, sizeof(float), &ok);
-    ctx->lora_y = plan_alloc(rows * widest, sizeof(float), &ok);
+    ctx->lora_t = plan_alloc(ctx->lora_t_cap, sizeof(float), &ok);
+    ctx->lora_y = plan_alloc(ctx->lora_y_cap, sizeof(float), &ok);
+    ctx->lora_batch = plan_alloc(1, sizeof(lora_batch), &ok);
     if (!ok) {
         lp_fail(err, "out of memory planning buffers for %zu rows", rows);
         goto fail;
@@ -191,7 +220,8 @@ void lp_context_free(lp_context *ctx) {
     void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
                     ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->slots,
-                    ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y};
+                    ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y,
+                    ctx->lora_batch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(bufs[i]);
     free(ctx);
 }
@@ -353,42 +383,91 @@ static void group_rows_by_adapter(lp_context *ctx) {
     start[0] = 0;
 }
 
-/* y[r] += scale * B (A x[r]) for the rows of every adapter group that has a
- * pair for this layer and projection. */
-static void apply_lora(lp_context *ctx, int layer, lp_proj proj, const float *x, int64_t x_stride,
-                       float *y, int64_t y_stride) {
+/* Runs the collected pieces: every shrink in one pool pass, the scales (and
+ * the one-hot mask), every expand in one pass, then y rows added to the
+ * projections' outputs. */
+static void lora_flush(lp_context *ctx, lora_batch *b) {
+    if (b->n == 0) return;
+    lp_matmul_tasks(&ctx->kern, ctx->pool, b->n, b->shrink);
+    for (int i = 0; i < b->n; i++) {
+        const lora_piece *p = &b->piece[i];
+        int64_t rank = p->pair->A.rows;
+        for (int r = 0; r < p->n; r++) {
+            /* one-hot: rows of other slots are multiplied by 0 */
+            int batch_row = p->rows ? p->rows[r] : r;
+            float scale = p->rows || ctx->rows[batch_row].adapter == p->slot ? p->pair->scale : 0.0f;
+            float *t = p->t + r * p->kr;
+            for (int64_t j = 0; j < rank; j++) t[j] *= scale;
+            /* packed B is zero-padded to a multiple of 32 columns */
+            for (int64_t j = rank; j < p->kr; j++) t[j] = 0.0f;
+        }
+    }
+    lp_matmul_tasks(&ctx->kern, ctx->pool, b->n, b->expand);
+    for (int i = 0; i < b->n; i++) {
+        const lora_piece *p = &b->piece[i];
+        for (int r = 0; r < p->n; r++)
+            lp_axpy(p->dst + (p->rows ? p->rows[r] : r) * p->dst_stride, 1.0f, p->y + r * p->out, p->out);
+    }
+    b->n = 0;
+    b->t_used = b->y_used = 0;
+}
+
+/* The input rows of adapter group s: straight from x when they are
+ * consecutive batch rows (one adapter for the batch, or streams in slot
+ * order), else gathered into lora_x at the group's offset. */
+static const float *group_input(lp_context *ctx, int s, const float *x, int64_t x_stride, int64_t in,
+                                int64_t *stride) {
+    int begin = ctx->group_start[s], n = ctx->group_start[s + 1] - begin;
+    const int *rows = ctx->group_rows + begin;
+    *stride = x_stride;
+    if (rows[n - 1] - rows[0] == n - 1) return x + rows[0] * x_stride; /* rows ascend within a group */
+    float *dst = ctx->lora_x + (size_t)begin * (size_t)in;
+    for (int i = 0; i < n; i++) memcpy(dst + i * in, x + rows[i] * x_stride, (size_t)in * sizeof(float));
+    *stride = in;
+    return dst;
+}
+
+/* y_p[r] += scale * B_p (A_p x[r]) for the projections p that share the
+ * input x (q, k, v; gate, up; o; down), for the rows of every adapter group
+ * with a pair there: the segmented LoRA matmul, two pool passes per flush
+ * however many adapters the batch mixes. One-hot mode (the frozen-graph
+ * baseline) runs every bound adapter over every row, masked. */
+static void apply_lora(lp_context *ctx, int layer, int n_proj, const lp_proj *projs, const float *x,
+                       int64_t x_stride, float *const *ys, const int64_t *y_strides) {
     if (!ctx->any_adapter && !ctx->params.adapters_onehot) return;
+    lora_batch *b = ctx->lora_batch;
+    b->n = 0;
+    b->t_used = b->y_used = 0;
     for (int s = 1; s <= ctx->params.max_adapters; s++) {
-        int begin = ctx->group_start[s], end = ctx->group_start[s + 1], n = end - begin;
-        const int *rows = ctx->group_rows + begin;
-        bool onehot = ctx->params.adapters_onehot && ctx->slots[s].adapter;
-        if (onehot) { /* every row, whatever its slot */
-            n = ctx->n_rows;
+        int n = ctx->group_start[s + 1] - ctx->group_start[s];
+        const int *rows = ctx->group_rows + ctx->group_start[s];
+        if (ctx->params.adapters_onehot && ctx->slots[s].adapter) {
+            n = ctx->n_rows; /* every row, whatever its slot */
             rows = NULL;
         }
-        if (n == 0) continue;
-        const lp_lora_pair *pair = lp_adapter_pair(ctx->slots[s].adapter, layer, proj);
-        if (pair->rank == 0) continue;
-        int64_t in = pair->A.cols, out = pair->B.rows, rank = pair->rank;
-        /* gather the group's inputs (contiguous already when it is the whole batch) */
-        const float *xs = x;
+        if (n == 0 || !ctx->slots[s].adapter) continue;
+        const float *xs = NULL;
         int64_t xs_stride = x_stride;
-        if (rows && !(n == ctx->n_rows && rows[0] == 0 && rows[n - 1] == n - 1)) {
-            for (int i = 0; i < n; i++)
-                memcpy(ctx->lora_x + i * in, x + rows[i] * x_stride, (size_t)in * sizeof(float));
-            xs = ctx->lora_x;
-            xs_stride = in;
+        for (int i = 0; i < n_proj; i++) {
+            const lp_lora_pair *pair = lp_adapter_pair(ctx->slots[s].adapter, layer, projs[i]);
+            if (pair->rank == 0) continue;
+            if (!xs) xs = rows ? group_input(ctx, s, x, x_stride, pair->A.cols, &xs_stride) : x;
+            int64_t kr = pair->B.cols, out = pair->B.rows;
+            size_t need_t = (size_t)n * (size_t)kr, need_y = (size_t)n * (size_t)out;
+            if (b->n == LP_MATMUL_TASKS_MAX || b->t_used + need_t > ctx->lora_t_cap ||
+                b->y_used + need_y > ctx->lora_y_cap)
+                lora_flush(ctx, b);
+            lora_piece *p = &b->piece[b->n];
+            *p = (lora_piece){pair, s, rows, n, ctx->lora_t + b->t_used, ctx->lora_y + b->y_used,
+                              ys[i], kr, out, y_strides[i]};
+            b->shrink[b->n] = (lp_matmul_task){&pair->A, xs, xs_stride, n, p->t, kr};
+            b->expand[b->n] = (lp_matmul_task){&pair->B, p->t, kr, n, p->y, out};
+            b->n++;
+            b->t_used += need_t;
+            b->y_used += need_y;
         }
-        lp_matmul(&ctx->kern, ctx->pool, &pair->A, xs, xs_stride, n, ctx->lora_t, rank);
-        for (int i = 0; i < n; i++) {
-            /* one-hot: rows of other slots are multiplied by 0 */
-            float scale = !onehot || ctx->rows[i].adapter == s ? pair->scale : 0.0f;
-            for (int64_t j = 0; j < rank; j++) ctx->lora_t[i * rank + j] *= scale;
-        }
-        lp_matmul(&ctx->kern, ctx->pool, &pair->B, ctx->lora_t, rank, n, ctx->lora_y, out);
-        for (int i = 0; i < n; i++)
-            lp_axpy(y + (rows ? rows[i] : i) * y_stride, 1.0f, ctx->lora_y + i * out, out);
     }
+    lora_flush(ctx, b);
 }
 
 int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_error *err) {
@@ -414,6 +493,7 @@ static void matmul(lp_context *ctx, const lp_weight *w, const float *x, int64_t 
 /* q, k, v of the batch: q into ctx->q (or left inside the fused buffer), k
  * and v into this layer's k_new / v_new; then biases, q/k norms and rope. */
 static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new) {
+    static const lp_proj qkv_projs[3] = {LP_PROJ_Q, LP_PROJ_K, LP_PROJ_V};
     const lp_hparams *hp = &ctx->model->hp;
     const lp_layer *L = &ctx->model->layers[l];
     int n = ctx->n_rows;
@@ -425,9 +505,9 @@ static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new)
         /* one matmul; adapters add to the q/k/v column ranges of its output */
         int64_t w = q_dim + 2 * kv_dim;
         matmul(ctx, &L->wqkv, ctx->xn, dim, ctx->qkv, w, n);
-        apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->qkv, w);
-        apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, ctx->qkv + q_dim, w);
-        apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, ctx->qkv + q_dim + kv_dim, w);
+        float *ys[3] = {ctx->qkv, ctx->qkv + q_dim, ctx->qkv + q_dim + kv_dim};
+        const int64_t strides[3] = {w, w, w};
+        apply_lora(ctx, l, 3, qkv_projs, ctx->xn, dim, ys, strides);
         /* k/v move to the per-layer batch KV that attention and commits read */
         for (int r = 0; r < n; r++) {
             memcpy(k_new + r * kv_dim, ctx->qkv + r * w + q_dim, (size_t)kv_dim * sizeof(float));
@@ -441,9 +521,7 @@ static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new)
         float *ys[3] = {ctx->q, k_new, v_new};
         const int64_t strides[3] = {q_dim, kv_dim, kv_dim};
         lp_matmul_multi(&ctx->kern, ctx->pool, 3, ws, ctx->xn, dim, n, ys, strides);
-        apply_lora(ctx, l, LP_PROJ_Q, ctx->xn, dim, ctx->q, q_dim);
-        apply_lora(ctx, l, LP_PROJ_K, ctx->xn, dim, k_new, kv_dim);
-        apply_lora(ctx, l, LP_PROJ_V, ctx->xn, dim, v_new, kv_dim);
+        apply_lora(ctx, l, 3, qkv_projs, ctx->xn, dim, ys, strides);
     }
     for (int r = 0; r < n; r++) {
         float *q = q_rows + r * q_stride, *k = k_new + r * kv_dim;
@@ -480,8 +558,10 @@ static float *feed_forward_hidden(lp_context *ctx, int l, int64_t *stride) {
         const int64_t strides[2] = {w, w};
         lp_matmul_multi(&ctx->kern, ctx->pool, 2, ws, ctx->xn, dim, n, ys, strides);
     }
-    apply_lora(ctx, l, LP_PROJ_GATE, ctx->xn, dim, gate, w);
-    apply_lora(ctx, l, LP_PROJ_UP, ctx->xn, dim, up, w);
+    static const lp_proj gate_up_projs[2] = {LP_PROJ_GATE, LP_PROJ_UP};
+    float *gu[2] = {gate, up};
+    const int64_t gu_strides[2] = {w, w};
+    apply_lora(ctx, l, 2, gate_up_projs, ctx->xn, dim, gu, gu_strides);
     for (int r = 0; r < n; r++) lp_silu_mul(gate + r * w, up + r * w, ffn);
     *stride = w;
     return gate;
@@ -512,7 +592,10 @@ static void layer_forward(lp_context *ctx, int l) {
     lp_threadpool_run(work < 65536.0 ? NULL : ctx->pool, attention_worker, &task);
     /* attention output (in xn, q_dim wide) -> gate buffer as scratch, then residual */
     matmul(ctx, &L->wo, ctx->xn, q_dim, ctx->gate, dim, n);
-    apply_lora(ctx, l, LP_PROJ_O, ctx->xn, q_dim, ctx->gate, dim);
+    static const lp_proj o_proj[1] = {LP_PROJ_O}, down_proj[1] = {LP_PROJ_DOWN};
+    float *o_out[1] = {ctx->gate}, *down_out[1] = {ctx->xn};
+    const int64_t dim_stride[1] = {dim};
+    apply_lora(ctx, l, 1, o_proj, ctx->xn, q_dim, o_out, dim_stride);
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
 
     /* feed-forward block */
@@ -521,7 +604,7 @@ static void layer_forward(lp_context *ctx, int l) {
     int64_t h_stride;
     float *hidden = feed_forward_hidden(ctx, l, &h_stride);
     matmul(ctx, &L->w_down, hidden, h_stride, ctx->xn, dim, n);
-    apply_lora(ctx, l, LP_PROJ_DOWN, hidden, h_stride, ctx->xn, dim);
+    apply_lora(ctx, l, 1, down_proj, hidden, h_stride, down_out, dim_stride);
     for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
 }
 
