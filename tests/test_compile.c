@@ -125,7 +125,8 @@ static void test_stories(void) {
         lp_model_info info;
         lp_model_get_info(m, &info);
         CHECK(strcmp(info.format, "lpx") == 0);
-        CHECK(m->norms_folded);
+        /* q4 keeps gains separate unless asked (folding costs 4-bit accuracy) */
+        CHECK(m->norms_folded == (cases[c].type != LP_W4));
         CHECK(m->layers[0].wqkv.data != NULL);
         /* gate/up have 172 rows: fused unless packed (16-row panels) */
         bool packed = cases[c].type == LP_W4 || cases[c].type == LP_W8;
@@ -146,6 +147,18 @@ static void test_stories(void) {
         int32_t a[16], b[16];
         CHECK(lp_tokenize(m, "Hello there", 11, true, false, a, 16, &err) ==
               lp_tokenize(src, "Hello there", 11, true, false, b, 16, &err));
+        lp_model_free(m);
+    }
+    /* q4 folds gains when asked, and stays within the same tolerance */
+    {
+        lp_compile_params p = {.weight_type = LP_W4, .fold = true, .n_threads = 2};
+        CHECK(lp_model_compile(src, tmp("s-q4-fold.lpx"), &p, &err) == 0);
+        lp_model *m = lp_model_load(tmp("s-q4-fold.lpx"), NULL, &err);
+        CHECK(m && m->norms_folded);
+        if (m) {
+            CHECK(run_logits(m, toks, 10, 0, NULL, 0, got));
+            CHECK(max_diff(ref, got, V) <= 4.0f);
+        }
         lp_model_free(m);
     }
     /* the llama2.c checkpoint (tokenizer from tok512.bin) compiles too */

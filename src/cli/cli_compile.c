@@ -29,6 +29,8 @@ static void compile_usage(FILE *out) {
             "                  too; by default it stays 8-bit, as small models need it\n"
             "  --no-fuse       keep q/k/v and gate/up as separate matrices\n"
             "  --no-fold       keep RMSNorm gains separate from the next projections\n"
+            "  --fold          q4: fold them anyway (default for q4: not folded, it costs\n"
+            "                  accuracy; q8/f16/f32 fold by default)\n"
             "  --threads N     quantization threads (default: all cores)\n"
             "  --tokenizer P   llama2.c input: tokenizer .bin file\n"
             "  --quiet         no progress bar\n");
@@ -129,6 +131,7 @@ int cli_compile(int argc, char **argv) {
         } else if (!strcmp(a, "--no-search")) p.no_search = true;
         else if (!strcmp(a, "--no-fuse")) p.no_fuse = true;
         else if (!strcmp(a, "--no-fold")) p.no_fold = true;
+        else if (!strcmp(a, "--fold")) p.fold = true;
         else if (!strcmp(a, "--q4-output")) p.q4_output = true;
         else if (!strcmp(a, "--quiet")) ps.quiet = true;
         else if (a[0] == '-') {

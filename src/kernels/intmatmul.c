@@ -20,6 +20,7 @@
 #include "kernels_internal.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <string.h>
 
 /* ---- scratch ---------------------------------------------------------------------- */
@@ -168,6 +169,10 @@ typedef struct int_job {
     const float *X;
     int64_t x_stride, nb;
     lp_qact a;
+    /* next unclaimed panel: threads take chunks as they go, so a thread
+     * slowed by the OS or its memory channel does not hold the others */
+    atomic_llong next_panel;
+    int64_t chunk;
 } int_job;
 
 static void quant_worker(void *ctx, int ti, int nt) {
@@ -187,19 +192,24 @@ static void quant_worker(void *ctx, int ti, int nt) {
 }
 
 static void gemm_worker(void *ctx, int ti, int nt) {
-    const int_job *job = ctx;
-    int64_t p0, p1;
-    lp_split_range(job->total_panels, ti, nt, 1, &p0, &p1);
+    (void)ti;
+    (void)nt;
+    int_job *job = ctx;
     igemm_fn kernel = pick_kernel(job->k->int_level, job->W[0]->type, job->nb);
-    int64_t base = 0;
-    for (int i = 0; i < job->n && p0 < p1; base += job->geom[i].panels, i++) {
-        int64_t lo = p0 - base, hi = p1 - base;
-        if (lo < 0) lo = 0;
-        if (hi > job->geom[i].panels) hi = job->geom[i].panels;
-        if (lo >= hi) continue;
-        lp_igemm g = {job->W[i]->data, job->geom[i], job->W[i]->rows, lo, hi, &job->a, job->nb, job->Y[i],
-                      job->y_stride[i]};
-        kernel(&g);
+    for (;;) {
+        int64_t p0 = atomic_fetch_add_explicit(&job->next_panel, job->chunk, memory_order_relaxed);
+        if (p0 >= job->total_panels) break;
+        int64_t p1 = p0 + job->chunk < job->total_panels ? p0 + job->chunk : job->total_panels;
+        int64_t base = 0;
+        for (int i = 0; i < job->n && p0 < p1; base += job->geom[i].panels, i++) {
+            int64_t lo = p0 - base, hi = p1 - base;
+            if (lo < 0) lo = 0;
+            if (hi > job->geom[i].panels) hi = job->geom[i].panels;
+            if (lo >= hi) continue;
+            lp_igemm g = {job->W[i]->data, job->geom[i], job->W[i]->rows, lo, hi, &job->a, job->nb, job->Y[i],
+                          job->y_stride[i]};
+            kernel(&g);
+        }
     }
 }
 
@@ -261,6 +271,11 @@ static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_
         job->a.corr = (int32_t *)(job->a.d + job->nb * job->a.groups);
         /* Quantizing one or two rows is quicker than a pool round trip. */
         lp_threadpool_run(job->nb >= 4 ? gemm_pool : NULL, quant_worker, job);
+        /* about 8 chunks per thread, whole 4-panel decode tiles */
+        int threads = lp_threadpool_size(gemm_pool);
+        job->chunk = (job->total_panels / (8 * threads) + 3) & ~(int64_t)3;
+        if (job->chunk < 4) job->chunk = 4;
+        atomic_store_explicit(&job->next_panel, 0, memory_order_relaxed);
         lp_threadpool_run(gemm_pool, gemm_worker, job);
     }
 }

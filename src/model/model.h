@@ -100,6 +100,8 @@ typedef struct lp_compile_params {
     bool float_acts;        /* record float activations (W*A16) instead of int8 */
     bool no_search;         /* W4: plain absmax scales instead of the error search */
     bool no_fuse, no_fold;
+    bool fold;              /* fold norm gains even into q4 weights (default: not;
+                               scaling columns before 4-bit rounding measured worse KL) */
     bool q4_output;         /* q4: pack the classifier in 4 bits too (default: 8-bit) */
     int n_threads;          /* 0: all cores */
     /* progress: after each tensor (i of n, bytes of source weights done/total) */
