@@ -9,6 +9,7 @@
 #include "formats/gguf.h"
 #include "tokenizer/tokenizer.h"
 #include "world/world.h"
+#include "world/world_internal.h"
 
 #ifndef LP_BINARY_DIR
 #define LP_BINARY_DIR "/tmp"
@@ -132,7 +133,8 @@ static void test_determinism(const char *dir_a, const char *dir_b) {
     CHECK_MSG(lp_world_generate(dir_a, &p, &st, &err) == 0, "%s", err.message);
     CHECK(lp_world_generate(dir_b, &p, NULL, &err) == 0);
     CHECK(st.pretrain_lines == 1500);
-    CHECK(st.task_train_records == 150 * LP_WORLD_N_TASKS);
+    /* the correction task gets correct_factor (10) times the train records */
+    CHECK(st.task_train_records == 150 * (LP_WORLD_N_TASKS - 1) + 1500);
     CHECK(st.task_eval_records == 30 * LP_WORLD_N_TASKS);
     CHECK(st.vocab_size == 420);
     char a[1024], b[1024];
@@ -149,6 +151,33 @@ static void test_determinism(const char *dir_a, const char *dir_b) {
             snprintf(b, sizeof b, "%s/tasks/%s.%s.jsonl", dir_b, lp_world_task_name(t), split);
             CHECK_MSG(files_equal(a, b), "%s differs between runs", a);
         }
+    /* fewer correction records change nothing else: the same vocabulary,
+     * pretraining text, eval files and other tasks, and the correction
+     * train file is a prefix of the larger one */
+    p.correct_factor = 1;
+    CHECK(lp_world_generate(dir_b, &p, NULL, &err) == 0);
+    const char *same[] = {"pretrain.txt", "vocab.gguf", "tasks/correct.eval.jsonl",
+                          "tasks/correct.v1.train.jsonl", "tasks/summary.train.jsonl"};
+    for (int i = 0; i < 5; i++) {
+        snprintf(a, sizeof a, "%s/%s", dir_a, same[i]);
+        snprintf(b, sizeof b, "%s/%s", dir_b, same[i]);
+        CHECK_MSG(files_equal(a, b), "%s depends on the correction train count", same[i]);
+    }
+    size_t na = 0, nb = 0;
+    snprintf(a, sizeof a, "%s/tasks/correct.train.jsonl", dir_a);
+    snprintf(b, sizeof b, "%s/tasks/correct.train.jsonl", dir_b);
+    char *da = read_all(a, &na), *db = read_all(b, &nb);
+    CHECK(da && db && nb > 0 && na > 5 * nb && memcmp(da, db, nb) == 0);
+    free(da);
+    free(db);
+    /* the first version's correction records (the vocabulary's), 150 of them */
+    rec *v1 = NULL;
+    snprintf(a, sizeof a, "%s/tasks/correct.v1.train.jsonl", dir_a);
+    CHECK(read_records(a, &v1) == 150 && !strcmp(v1[0].task, "correct"));
+    free(v1);
+    p.correct_factor = 0;
+    CHECK(lp_world_generate(dir_b, &p, NULL, &err) == -1 && strstr(err.message, "correct"));
+    p.correct_factor = 10;
     /* another seed gives another corpus */
     p.seed = 43;
     p.stories = 10;
@@ -199,7 +228,8 @@ static void test_splits_and_truth(const char *dir) {
         ntr[t] = read_records(path, &tr[t]);
         snprintf(path, sizeof path, "%s/tasks/%s.eval.jsonl", dir, lp_world_task_name(t));
         nev[t] = read_records(path, &ev[t]);
-        CHECK(ntr[t] == 150 && nev[t] == 30);
+        CHECK(ntr[t] == (strcmp(lp_world_task_name(t), "correct") ? 150 : 1500) &&
+              nev[t] == 30);
         for (int i = 0; i < ntr[t]; i++) {
             prompt_body(tr[t][i].prompt, body, sizeof body);
             set_add(&train, body);
@@ -254,6 +284,52 @@ static void test_splits_and_truth(const char *dir) {
     }
     set_free(&train);
     set_free(&pre);
+}
+
+/* Every correction prompt has exactly one right answer: over all tenses and
+ * times of many meanings, and many error draws each, no prompt is made from
+ * two different sentences. The first generator version's records (v1) did
+ * have such prompts: in English an agreement error in the past ("the birds
+ * sell") read like the present. */
+static int ambiguous_corrections(bool v1) {
+    str_set prompts, pairs;
+    set_init(&prompts);
+    set_init(&pairs);
+    lp_rng rng;
+    lp_rng_seed(&rng, 11);
+    lp_world_record r;
+    char pair[2048];
+    for (int i = 0; i < 40; i++) {
+        lp_meaning m;
+        lp_world_random_meaning(&rng, false, &m);
+        if (i % 2) /* plural subjects too (nouns 0..9 are agents) */
+            m.subj = (lp_np){.name = -1, .noun = i % 10, .adj = -1, .plural = true};
+        for (int tense = 0; tense < 3; tense++)
+            for (int time = -1; time < 6; time++) {
+                if ((time == WORLD_TIME_YESTERDAY && tense != LP_TENSE_PAST) ||
+                    (time == WORLD_TIME_TOMORROW && tense != LP_TENSE_FUTURE))
+                    continue;
+                m.tense = tense;
+                m.time = time;
+                for (int lang = 0; lang < LP_N_LANGS; lang++)
+                    for (int k = 0; k < 12; k++) {
+                        world_make_correct(&rng, &m, lang, v1, &r);
+                        set_add(&prompts, r.prompt);
+                        snprintf(pair, sizeof pair, "%s%s", r.prompt, r.completion);
+                        set_add(&pairs, pair);
+                    }
+            }
+    }
+    int ambiguous = (int)(pairs.n - prompts.n);
+    set_free(&prompts);
+    set_free(&pairs);
+    return ambiguous;
+}
+
+static void test_corrections_unambiguous(void) {
+    int now = ambiguous_corrections(false), before = ambiguous_corrections(true);
+    CHECK_MSG(now == 0, "%d correction prompts have two answers", now);
+    CHECK_MSG(before > 0, "the v1 records were ambiguous, the check should see it");
 }
 
 /* Rendering is injective in every language, so translation between any two
@@ -448,6 +524,7 @@ int main(void) {
     test_chrf();
     test_pretokenizer();
     test_translation_round_trip();
+    test_corrections_unambiguous();
     test_determinism(a, b);
     test_splits_and_truth(a);
     test_bpe(a);

@@ -22,6 +22,7 @@ static void world_usage(FILE *out) {
             "  --seed S        random seed (default 1)\n"
             "  --stories N     pretraining documents (default 40000)\n"
             "  --per-task N    train records per task (default 3000)\n"
+            "  --correct-factor F  the correct task gets F x as many (default 10)\n"
             "  --eval N        eval records per task (default 300)\n"
             "  --eval-percent P share of meanings reserved for eval (default 10)\n"
             "  --vocab N       BPE vocabulary size incl. 3 specials (default 768)\n");
@@ -54,6 +55,9 @@ int cli_world(int argc, char **argv) {
         } else if (!strcmp(a, "--per-task")) {
             if (!cli_int(a, v, 1, 1000000, &n)) return 2;
             p.per_task = (int)n;
+        } else if (!strcmp(a, "--correct-factor")) {
+            if (!cli_int(a, v, 1, 100, &n)) return 2;
+            p.correct_factor = (int)n;
         } else if (!strcmp(a, "--eval")) {
             if (!cli_int(a, v, 1, 100000, &n)) return 2;
             p.eval_per_task = (int)n;

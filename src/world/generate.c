@@ -10,7 +10,8 @@
 
 lp_world_params lp_world_default_params(void) {
     return (lp_world_params){.seed = 1, .stories = 40000, .per_task = 3000,
-                             .eval_per_task = 300, .eval_percent = 10, .vocab_size = 768};
+                             .correct_factor = 10, .eval_per_task = 300, .eval_percent = 10,
+                             .vocab_size = 768};
 }
 
 static int make_dir(const char *path, lp_error *err) {
@@ -81,8 +82,75 @@ static int close_out(FILE *f, const char *path, lp_error *err) {
     return 0;
 }
 
-/* One task's train and eval files. Records cycle through the languages;
- * a record goes to eval when its meaning key is an eval key. */
+/* Where a task's records go; NULL members are skipped. */
+typedef struct task_out {
+    FILE *train, *eval;
+    lp_bpe *bpe;             /* learns from the first per_task train records */
+    lp_world_record *first;  /* the first train record */
+} task_out;
+
+/* Draws a task's records: n_train train and eval_per_task eval records,
+ * cycling through the languages; a record goes to eval when its meaning key
+ * is an eval key, and repeated prompts are dropped. The eval records do not
+ * depend on n_train (the sequence drawn is the same either way). v1: the
+ * first generator version's correction records (see write_task). */
+static int draw_task(int task, const lp_world_params *p, int n_train_want, bool v1,
+                     const task_out *out, lp_world_stats *st, lp_error *err) {
+    const char *tname = lp_world_task_name(task);
+    size_t want = (size_t)n_train_want + (size_t)p->eval_per_task, cap = 1024;
+    while (cap < want * 4) cap *= 2;
+    hash_set seen = {.slots = calloc(cap, sizeof(uint64_t)), .mask = cap - 1};
+    lp_world_record *r = malloc(sizeof *r);
+    int rc = -1;
+    if (!seen.slots || !r) {
+        lp_fail(err, "out of memory");
+        goto done;
+    }
+    lp_rng rng;
+    lp_rng_seed(&rng, p->seed * 1000003u + (uint64_t)task * 7919u + 17u);
+    int n_train = 0, n_eval = 0;
+    for (uint64_t attempt = 0; n_train < n_train_want || n_eval < p->eval_per_task;
+         attempt++) {
+        if (attempt > (uint64_t)want * 50) {
+            lp_fail(err, "%s: could not find %zu distinct records (got %d train, %d eval)",
+                    tname, want, n_train, n_eval);
+            goto done;
+        }
+        uint64_t key = world_make_record(&rng, task, (int)(attempt % LP_N_LANGS), v1, r);
+        bool eval = lp_world_key_is_eval(key, p->eval_percent);
+        if (eval ? n_eval >= p->eval_per_task : n_train >= n_train_want) continue;
+        if (!set_insert(&seen, hash_str(r->prompt))) continue;
+        FILE *f = eval ? out->eval : out->train;
+        if (f) write_record(f, r);
+        if (eval) {
+            n_eval++;
+            continue;
+        }
+        if (out->first && n_train == 0) *out->first = *r;
+        if (out->bpe && n_train < p->per_task &&
+            (lp_bpe_add_text(out->bpe, r->prompt, strlen(r->prompt), err) != 0 ||
+             lp_bpe_add_text(out->bpe, r->completion, strlen(r->completion), err) != 0))
+            goto done;
+        n_train++;
+    }
+    if (st) {
+        st->task_train_records += (size_t)n_train;
+        st->task_eval_records += (size_t)n_eval;
+    }
+    rc = 0;
+done:
+    free(seen.slots);
+    free(r);
+    return rc;
+}
+
+/* One task's train and eval files. The correction task gets correct_factor
+ * times per_task train records, and a third file, correct.v1.train.jsonl:
+ * per_task records as the first generator version made them (some of its
+ * agreement errors had two right answers). The BPE vocabulary learns from
+ * the first per_task train records of each task, for the correction task
+ * from the v1 records, so that the vocabulary, and the demo base and the
+ * adapters' shared warm start made from it, stay reproducible. */
 static int write_task(const char *dir, int task, const lp_world_params *p, lp_bpe *bpe,
                       lp_world_record *first, lp_world_stats *st, lp_error *err) {
     char path_tr[1024], path_ev[1024], name[64];
@@ -96,50 +164,28 @@ static int write_task(const char *dir, int task, const lp_world_params *p, lp_bp
         fclose(tr);
         return -1;
     }
-    size_t want = (size_t)p->per_task + (size_t)p->eval_per_task, cap = 1024;
-    while (cap < want * 4) cap *= 2;
-    hash_set seen = {.slots = calloc(cap, sizeof(uint64_t)), .mask = cap - 1};
-    lp_world_record *r = malloc(sizeof *r);
-    int rc = -1;
-    if (!seen.slots || !r) {
-        lp_fail(err, "out of memory");
-        goto done;
+    bool correct = task == lp_world_task_from_name("correct");
+    FILE *v1 = NULL;
+    char path_v1[1024];
+    int rc = 0;
+    if (correct) {
+        snprintf(name, sizeof name, "tasks/%s.v1.train.jsonl", tname);
+        v1 = open_out(dir, name, path_v1, sizeof path_v1, err);
+        rc = v1 ? 0 : -1;
     }
-    lp_rng rng;
-    lp_rng_seed(&rng, p->seed * 1000003u + (uint64_t)task * 7919u + 17u);
-    int n_train = 0, n_eval = 0;
-    bool have_first = false;
-    for (uint64_t attempt = 0; n_train < p->per_task || n_eval < p->eval_per_task; attempt++) {
-        if (attempt > (uint64_t)want * 50) {
-            lp_fail(err, "%s: could not find %d distinct records (got %d train, %d eval)",
-                    tname, p->per_task + p->eval_per_task, n_train, n_eval);
-            goto done;
-        }
-        uint64_t key = lp_world_make_record(&rng, task, (int)(attempt % LP_N_LANGS), r);
-        bool eval = lp_world_key_is_eval(key, p->eval_percent);
-        if (eval ? n_eval >= p->eval_per_task : n_train >= p->per_task) continue;
-        if (!set_insert(&seen, hash_str(r->prompt))) continue;
-        write_record(eval ? ev : tr, r);
-        if (eval) {
-            n_eval++;
-        } else {
-            n_train++;
-            if (!have_first) *first = *r;
-            have_first = true;
-            if (lp_bpe_add_text(bpe, r->prompt, strlen(r->prompt), err) != 0 ||
-                lp_bpe_add_text(bpe, r->completion, strlen(r->completion), err) != 0)
-                goto done;
-        }
+    if (rc == 0 && correct) {
+        task_out out = {.train = v1, .bpe = bpe};
+        rc = draw_task(task, p, p->per_task, true, &out, NULL, err);
     }
-    st->task_train_records += (size_t)n_train;
-    st->task_eval_records += (size_t)n_eval;
-    rc = 0;
-done:
-    free(seen.slots);
-    free(r);
+    if (rc == 0) {
+        int n_train = correct ? p->per_task * p->correct_factor : p->per_task;
+        task_out out = {.train = tr, .eval = ev, .bpe = correct ? NULL : bpe, .first = first};
+        rc = draw_task(task, p, n_train, false, &out, st, err);
+    }
+    int rc_v1 = v1 ? close_out(v1, path_v1, rc == 0 ? err : NULL) : 0;
     int rc_tr = close_out(tr, path_tr, rc == 0 ? err : NULL);
     int rc_ev = close_out(ev, path_ev, rc == 0 ? err : NULL);
-    return rc != 0 ? rc : rc_tr != 0 ? rc_tr : rc_ev;
+    return rc != 0 ? rc : rc_v1 != 0 ? rc_v1 : rc_tr != 0 ? rc_tr : rc_ev;
 }
 
 static int write_pretrain(const char *dir, const lp_world_params *p, lp_bpe *bpe,
@@ -190,7 +236,12 @@ static int write_readme(const char *dir, const lp_world_params *p, const lp_worl
             "  sentence pairs `<sentence> = <same meaning in another language>`.\n"
             "  No sentence whose meaning is reserved for evaluation appears here.\n"
             "- `tasks/<task>.train.jsonl`, `tasks/<task>.eval.jsonl`: %zu train and %zu eval\n"
-            "  records in all, `{\"task\",\"lang\",[\"style\"],\"prompt\",\"completion\"}`.\n"
+            "  records in all, `{\"task\",\"lang\",[\"style\"],\"prompt\",\"completion\"}`:\n"
+            "  %d train records per task, %d for `correct` (its misspellings are\n"
+            "  learnt from many examples), %d eval records per task.\n"
+            "  `tasks/correct.v1.train.jsonl`: the first generator version's correction\n"
+            "  records (some of its agreement errors had two right answers), kept because\n"
+            "  the vocabulary and the demo adapters' shared warm start were made from them.\n"
             "  Train and eval never share a meaning (split by a hash of the meaning's\n"
             "  core: subject, verb, object, tense; %d%% of cores are eval).\n"
             "  The model input is BOS + prompt (which ends in a newline) + completion +\n"
@@ -202,7 +253,8 @@ static int write_readme(const char *dir, const lp_world_params *p, const lp_worl
             "| task | lang | prompt | completion |\n|---|---|---|---|\n",
             p->command ? p->command : "loraplex world", (unsigned long long)p->seed,
             st->pretrain_lines, st->pretrain_bytes, st->task_train_records,
-            st->task_eval_records, p->eval_percent, st->vocab_size);
+            st->task_eval_records, p->per_task, p->per_task * p->correct_factor,
+            p->eval_per_task, p->eval_percent, st->vocab_size);
     for (int t = 0; t < LP_WORLD_N_TASKS; t++) readme_example(f, &firsts[t]);
     fprintf(f,
             "\n## Recommended training (2-core CPU)\n\n"
@@ -239,10 +291,11 @@ int lp_world_generate(const char *dir, const lp_world_params *p, lp_world_stats 
     lp_world_stats st = {0};
     char tasks_dir[1024];
     if (p->stories < 0 || p->per_task < 1 || p->eval_per_task < 1 || p->eval_percent < 1 ||
-        p->eval_percent > 50)
-        return lp_fail(err, "world: bad parameters (stories %d, per task %d, eval %d, "
-                            "eval percent %d)", p->stories, p->per_task, p->eval_per_task,
-                       p->eval_percent);
+        p->eval_percent > 50 || p->correct_factor < 1 || p->correct_factor > 1000 ||
+        p->per_task > 10000000 / p->correct_factor)
+        return lp_fail(err, "world: bad parameters (stories %d, per task %d, correct factor "
+                            "%d, eval %d, eval percent %d)", p->stories, p->per_task,
+                       p->correct_factor, p->eval_per_task, p->eval_percent);
     snprintf(tasks_dir, sizeof tasks_dir, "%s/tasks", dir);
     if (make_dir(dir, err) != 0 || make_dir(tasks_dir, err) != 0) return -1;
     lp_bpe *bpe = lp_bpe_create(err);

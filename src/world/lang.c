@@ -179,7 +179,12 @@ static bool np_is_plural(const lp_np *np) { return np->name < 0 && np->plural; }
 static const char *const vo_tense[3] = {"ta", "ne", "su"};
 static const char *const ka_tense[3] = {"ke", "", "ro"};
 
-/* English verb phrase; `wrong` gives the agreement/tense-form error. */
+/* English verb phrase; `wrong` gives the agreement/tense-form error: the
+ * base form in the past and for a singular subject in the present, "-s" for a
+ * plural subject in the present, "will" + "-s" in the future. A wrong past
+ * ("the bird sell") reads like a wrong present, and with a plural subject
+ * ("the birds sell") like a right one, so the correction task injects it
+ * only where "yesterday" gives the tense away (tasks.c). */
 static void verb_en(sb *s, const char *const forms[3], int tense, bool plural, bool wrong) {
     switch (tense) {
     case LP_TENSE_PAST:
@@ -307,8 +312,8 @@ void world_random_np(lp_rng *rng, bool agent, lp_np *np) {
 int world_random_time(lp_rng *rng, int tense) {
     for (;;) {
         int t = world_rand(rng, N_TIMES);
-        if (t == 0 && tense != LP_TENSE_PAST) continue;
-        if (t == 2 && tense != LP_TENSE_FUTURE) continue;
+        if (t == WORLD_TIME_YESTERDAY && tense != LP_TENSE_PAST) continue;
+        if (t == WORLD_TIME_TOMORROW && tense != LP_TENSE_FUTURE) continue;
         return t;
     }
 }

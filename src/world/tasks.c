@@ -53,9 +53,20 @@ static void render_style(sb *s, const lp_meaning *m, int lang, int task) {
 
 /* ---- correction ----------------------------------------------------------------- */
 
+/* Whether text[a] and text[b] lie in the same word. */
+static bool same_word(const char *text, size_t a, size_t b) {
+    size_t lo = a < b ? a : b, hi = a < b ? b : a;
+    for (size_t i = lo; i < hi; i++)
+        if (text[i] == ' ') return false;
+    return true;
+}
+
 /* Swaps two different adjacent letters inside a word of at least four
- * letters (not the first letter). Returns false if no word qualifies. */
-static bool inject_swap(lp_rng *rng, char *text) {
+ * letters (neither its first nor its last letter), in another word than the
+ * one at `avoid` (-1: any word): two swaps in one word can read as one swap
+ * of another word (Karu "bidoh" and "bihod"). Returns the position swapped,
+ * or -1 if no word qualifies. */
+static long inject_swap(lp_rng *rng, char *text, long avoid) {
     size_t n = strlen(text);
     size_t cand[256];
     int nc = 0;
@@ -63,14 +74,15 @@ static bool inject_swap(lp_rng *rng, char *text) {
         char a = text[i], b = text[i + 1];
         bool letters = a >= 'a' && a <= 'z' && b >= 'a' && b <= 'z';
         bool inner = text[i - 1] != ' ' && text[i + 2] >= 'a' && text[i + 2] <= 'z';
-        if (letters && inner && a != b) cand[nc++] = i;
+        bool other = avoid < 0 || !same_word(text, i, (size_t)avoid);
+        if (letters && inner && a != b && other) cand[nc++] = i;
     }
-    if (nc == 0) return false;
+    if (nc == 0) return -1;
     size_t i = cand[world_rand(rng, nc)];
     char t = text[i];
     text[i] = text[i + 1];
     text[i + 1] = t;
-    return true;
+    return (long)i;
 }
 
 /* Duplicates one word (not the last, which carries the period). */
@@ -89,9 +101,22 @@ static bool inject_duplicate(lp_rng *rng, char *text, size_t cap) {
     return true;
 }
 
-/* Fills prompt/completion for the correction task. About one record in ten
- * is already correct (the completion repeats it). */
-static void make_correct(lp_rng *rng, const lp_meaning *m, int lang, lp_world_record *r) {
+/* Whether the agreement error has exactly one correction. In English a
+ * wrong past ("the bird sell") reads like a wrong present, or with a plural
+ * subject like a right one, unless "yesterday" gives the tense away; every
+ * other agreement error (and Velo's and Karu's) maps back to one sentence. */
+static bool agree_is_unique(const lp_meaning *m, int lang) {
+    return lang != LP_LANG_EN || m->tense != LP_TENSE_PAST || m->time == WORLD_TIME_YESTERDAY;
+}
+
+/* Fills prompt/completion for the correction task: one or two errors
+ * (agreement, letter swap, duplicated word), each with a single correction,
+ * so that every prompt has exactly one right answer. About one record in
+ * ten is already correct (the completion repeats it). v1: as the first
+ * version did, with agreement errors anywhere and two swaps possibly in one
+ * word (the BPE vocabulary and the demo's warm start learnt from those). */
+void world_make_correct(lp_rng *rng, const lp_meaning *m, int lang, bool v1,
+                        lp_world_record *r) {
     lp_world_render(m, lang, NULL, r->completion, sizeof r->completion);
     char bad[sizeof r->prompt];
     if (world_rand(rng, 10) == 0) {
@@ -101,11 +126,18 @@ static void make_correct(lp_rng *rng, const lp_meaning *m, int lang, lp_world_re
         for (int attempt = 0; attempt < 8; attempt++) {
             int kinds[2] = {world_rand(rng, 3), world_rand(rng, 3)};
             lp_render_opts o = {0};
-            for (int e = 0; e < n_errors; e++)
-                if (kinds[e] == 0) o.errors |= LP_ERR_AGREE;
-            lp_world_render(m, lang, &o, bad, sizeof bad - 64);
             for (int e = 0; e < n_errors; e++) {
-                if (kinds[e] == 1) inject_swap(rng, bad);
+                if (!v1 && kinds[e] == 0 && !agree_is_unique(m, lang))
+                    kinds[e] = 1 + world_rand(rng, 2);
+                if (kinds[e] == 0) o.errors |= LP_ERR_AGREE;
+            }
+            lp_world_render(m, lang, &o, bad, sizeof bad - 64);
+            long swapped = -1;
+            for (int e = 0; e < n_errors; e++) {
+                if (kinds[e] == 1) {
+                    long at = inject_swap(rng, bad, v1 ? -1 : swapped);
+                    if (at >= 0) swapped = at;
+                }
                 if (kinds[e] == 2) inject_duplicate(rng, bad, sizeof bad);
             }
             if (strcmp(bad, r->completion) != 0) break;
@@ -311,6 +343,10 @@ static uint64_t make_reply(lp_rng *rng, int lang, lp_world_record *r) {
 /* ---- records ---------------------------------------------------------------------------- */
 
 uint64_t lp_world_make_record(lp_rng *rng, int task, int lang, lp_world_record *r) {
+    return world_make_record(rng, task, lang, false, r);
+}
+
+uint64_t world_make_record(lp_rng *rng, int task, int lang, bool v1, lp_world_record *r) {
     memset(r, 0, sizeof *r);
     snprintf(r->task, sizeof r->task, "%s", lp_world_task_name(task));
     snprintf(r->lang, sizeof r->lang, "%s", lp_world_lang_code(lang));
@@ -319,7 +355,7 @@ uint64_t lp_world_make_record(lp_rng *rng, int task, int lang, lp_world_record *
     switch (task) {
     case T_CORRECT:
         lp_world_random_meaning(rng, false, &m);
-        make_correct(rng, &m, lang, r);
+        world_make_correct(rng, &m, lang, v1, r);
         return world_core_key(&m);
     case T_FORMAL: case T_POLITE: case T_JOVIAL: case T_TERSE: {
         static const char *const tags[] = {"formal", "polite", "jovial", "terse"};

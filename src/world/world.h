@@ -55,7 +55,7 @@ typedef struct lp_meaning {
 /* Error injections for the correction task, applied at render time. */
 enum {
     LP_ERR_AGREE = 1, /* en: subject-verb agreement; vo: drops the accusative;
-                         ka: drops the place preposition */
+                         ka: puts the plural -ot on the verb */
 };
 
 /* Rendering options. */
@@ -110,6 +110,12 @@ typedef struct lp_world_params {
     uint64_t seed;        /* default 1 */
     int stories;          /* pretraining documents (default 40000) */
     int per_task;         /* train records per task (default 3000) */
+    int correct_factor;   /* the correct task gets correct_factor x per_task
+                             train records (default 10): a misspelling's fix
+                             is learnt word by word, from many examples. The
+                             BPE vocabulary learns from per_task records of
+                             the first generator version instead, also
+                             written as tasks/correct.v1.train.jsonl */
     int eval_per_task;    /* eval records per task (default 300) */
     int eval_percent;     /* share of meaning keys reserved for eval (10) */
     int vocab_size;       /* BPE vocabulary incl. specials (default 768) */
@@ -126,7 +132,8 @@ typedef struct lp_world_stats {
 } lp_world_stats;
 
 /* Writes DIR/pretrain.txt, DIR/tasks/<task>.{train,eval}.jsonl,
- * DIR/vocab.gguf and DIR/README.md. Creates DIR and DIR/tasks if needed. */
+ * DIR/tasks/correct.v1.train.jsonl (see correct_factor), DIR/vocab.gguf and
+ * DIR/README.md. Creates DIR and DIR/tasks if needed. */
 int lp_world_generate(const char *dir, const lp_world_params *p,
                       lp_world_stats *stats, lp_error *err);
 

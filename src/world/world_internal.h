@@ -25,6 +25,18 @@ void world_clause(sb *s, const lp_meaning *m, int lang, const lp_render_opts *o)
 void world_case_first(sb *s, size_t from, bool lower, bool starts_with_name);
 const char *world_name(int name);
 
+/* Time indices with a fixed tense (lang.c's time lexicon). */
+enum { WORLD_TIME_YESTERDAY = 0, WORLD_TIME_TOMORROW = 2 };
+
+/* lp_world_make_record; v1: correction records as the first generator
+ * version made them (kept for the BPE vocabulary, see generate.c). */
+uint64_t world_make_record(lp_rng *rng, int task, int lang, bool v1, lp_world_record *r);
+
+/* The correction task's prompt and completion for m (r's prompt and
+ * completion only). */
+void world_make_correct(lp_rng *rng, const lp_meaning *m, int lang, bool v1,
+                        lp_world_record *r);
+
 int world_rand(lp_rng *rng, int n);
 void world_random_np(lp_rng *rng, bool agent, lp_np *np);
 int world_random_time(lp_rng *rng, int tense);
