@@ -106,11 +106,11 @@ static void test_shared_lora(void) {
     lp_model_free(merged);
 }
 
-/* Writes `a` as an int8 (W8) .lpa and loads that instead. */
-static lp_adapter *as_int8(lp_model *m, lp_adapter *a, const char *path) {
+/* Writes `a` as an int8 (W8) or int4 (W4) .lpa and loads that instead. */
+static lp_adapter *as_packed(lp_model *m, lp_adapter *a, const char *path, uint32_t type) {
     lp_error err;
     if (!a) return NULL;
-    CHECK_MSG(lp_adapter_write_lpa(a, path, LP_W8, &err) == 0, "%s", err.message);
+    CHECK_MSG(lp_adapter_write_lpa(a, path, (int)type, &err) == 0, "%s", err.message);
     lp_adapter_free(a);
     lp_adapter *b = lp_adapter_load(m, path, 1.0f, &err);
     CHECK_MSG(b != NULL, "%s", err.message);
@@ -118,8 +118,9 @@ static lp_adapter *as_int8(lp_model *m, lp_adapter *a, const char *path) {
 }
 
 /* Rows with adapters 0, 1, 2 (ranks 4 and 8) in one batch == each alone;
- * int8: the adapters stored as W8 .lpa (the segmented integer path). */
-static void test_mixed_batch(const char *base_path, const char *dir, bool int8) {
+ * packed (LP_W8, LP_W4; 0 = as loaded): the adapters stored as int8/int4
+ * .lpa (the segmented integer path). */
+static void test_mixed_batch(const char *base_path, const char *dir, uint32_t packed) {
     lp_error err;
     lp_model *m = lp_model_load(base_path, NULL, &err);
     CHECK(m != NULL);
@@ -131,13 +132,13 @@ static void test_mixed_batch(const char *base_path, const char *dir, bool int8) 
     CHECK(lp_synth_lora_write(base_path, 8, 4, "q,v,down", 12, a2, &err) == 0);
     lp_adapter *ad[3] = {NULL, lp_adapter_load(m, a1, 1.0f, &err), lp_adapter_load(m, a2, 0.5f, &err)};
     CHECK_MSG(ad[1] && ad[2], "%s", err.message);
-    if (int8) {
-        snprintf(a1, sizeof a1, "%s/a1-i8.lpa", dir);
-        snprintf(a2, sizeof a2, "%s/a2-i8.lpa", dir);
-        ad[1] = as_int8(m, ad[1], a1);
-        ad[2] = as_int8(m, ad[2], a2);
-        /* W8 where the input width allows it (qwen2-tiny is 16 wide: F16) */
-        CHECK(ad[1] && (lp_adapter_pair(ad[1], 0, LP_PROJ_Q)->A.type == LP_W8) == (m->hp.dim % 32 == 0));
+    if (packed) {
+        snprintf(a1, sizeof a1, "%s/a1-packed.lpa", dir);
+        snprintf(a2, sizeof a2, "%s/a2-packed.lpa", dir);
+        ad[1] = as_packed(m, ad[1], a1, packed);
+        ad[2] = as_packed(m, ad[2], a2, packed);
+        /* packed where the input width allows it (qwen2-tiny is 16 wide: F16) */
+        CHECK(ad[1] && (lp_adapter_pair(ad[1], 0, LP_PROJ_Q)->A.type == packed) == (m->hp.dim % 32 == 0));
     }
     if (!ad[1] || !ad[2]) return;
     int V = m->hp.n_vocab;
@@ -182,25 +183,27 @@ static void test_mixed_batch(const char *base_path, const char *dir, bool int8) 
     lp_model_free(m);
 }
 
-/* An int8 (W8) adapter moves the logits almost exactly as its f32 source:
- * the difference is a small fraction of the adapter's own effect. */
-static void test_int8_accuracy(const char *base_path, const char *dir) {
+/* An int8 (W8) or int4 (W4) adapter moves the logits almost as its f32
+ * source: the difference is a small fraction (bound) of the adapter's own
+ * effect. */
+static void test_packed_accuracy(const char *base_path, const char *dir, uint32_t packed, float bound) {
     lp_error err;
     lp_model *m = lp_model_load(base_path, NULL, &err);
     CHECK(m != NULL);
     if (!m) return;
     char src[512], dst[512];
     snprintf(src, sizeof src, "%s/acc.gguf", dir);
-    snprintf(dst, sizeof dst, "%s/acc-i8.lpa", dir);
+    snprintf(dst, sizeof dst, "%s/acc-packed.lpa", dir);
     int rank = m->hp.dim < 32 ? 8 : 32;
     CHECK(lp_synth_lora_write(base_path, rank, 2.0f * (float)rank, "q,k,v,o,gate,up,down", 21, src, &err) == 0);
     lp_adapter *f = lp_adapter_load(m, src, 1.0f, &err);
-    lp_adapter *q = as_int8(m, lp_adapter_load(m, src, 1.0f, &err), dst);
+    lp_adapter *q = as_packed(m, lp_adapter_load(m, src, 1.0f, &err), dst, packed);
     CHECK(f && q);
     if (!f || !q) return;
     /* f32 -> int8 (+ f16 scales per 32), F16 where widths are not multiples of 32 */
-    printf("adapter bytes: f32 %llu, int8 %llu\n", (unsigned long long)f->bytes, (unsigned long long)q->bytes);
-    CHECK(m->hp.dim % 32 == 0 ? q->bytes * 3 < f->bytes : q->bytes < f->bytes);
+    printf("adapter bytes: f32 %llu, packed %llu\n", (unsigned long long)f->bytes, (unsigned long long)q->bytes);
+    uint64_t ratio = packed == LP_W4 ? 4 : 3; /* f32 -> 4.5 or 8.5 bits (F16 where not packable) */
+    CHECK(m->hp.dim % 32 == 0 ? q->bytes * ratio < f->bytes : q->bytes < f->bytes);
     int V = m->hp.n_vocab;
     int32_t prompt[6] = {1, 40, 41, 42, 43, 44};
     float *out[3];
@@ -213,10 +216,11 @@ static void test_int8_accuracy(const char *base_path, const char *dir) {
         lp_context_free(ctx);
     }
     float effect = max_diff(out[0], out[1], V), error = max_diff(out[1], out[2], V);
-    printf("%s: int8 adapter error %.4g vs adapter effect %.4g\n", base_path, (double)error, (double)effect);
+    printf("%s: %s adapter error %.4g vs adapter effect %.4g\n", base_path, lp_dtype_name(packed), (double)error,
+           (double)effect);
     CHECK(effect > 0.1f);
-    CHECK_MSG(error < 0.05f * effect, "int8 adapter error %g is not small next to its effect %g", (double)error,
-              (double)effect);
+    CHECK_MSG(error < bound * effect, "%s adapter error %g is not small next to its effect %g", lp_dtype_name(packed),
+              (double)error, (double)effect);
     for (int i = 0; i < 3; i++) free(out[i]);
     lp_adapter_free(f);
     lp_adapter_free(q);
@@ -227,12 +231,15 @@ int main(void) {
     test_shared_lora();
     char dir[] = "/tmp/lp_lora_XXXXXX";
     CHECK(mkdtemp(dir) != NULL);
-    for (int int8 = 0; int8 < 2; int8++) {
-        test_mixed_batch(LP_SHARED_MODELS "/stories260K.gguf", dir, int8);
-        test_mixed_batch(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir, int8);
+    const uint32_t storage[3] = {0, LP_W8, LP_W4};
+    for (int i = 0; i < 3; i++) {
+        test_mixed_batch(LP_SHARED_MODELS "/stories260K.gguf", dir, storage[i]);
+        test_mixed_batch(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir, storage[i]);
     }
-    test_int8_accuracy(LP_SHARED_MODELS "/stories260K.gguf", dir);
-    test_int8_accuracy(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir);
+    test_packed_accuracy(LP_SHARED_MODELS "/stories260K.gguf", dir, LP_W8, 0.05f);
+    test_packed_accuracy(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir, LP_W8, 0.05f);
+    test_packed_accuracy(LP_SHARED_MODELS "/stories260K.gguf", dir, LP_W4, 0.25f);
+    test_packed_accuracy(LP_SHARED_MODELS "/arch/qwen2-tiny-random.gguf", dir, LP_W4, 0.25f);
     char cmd[256];
     snprintf(cmd, sizeof cmd, "rm -rf %s", dir);
     CHECK(system(cmd) == 0);

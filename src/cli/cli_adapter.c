@@ -13,7 +13,7 @@ int cli_adapter(int argc, char **argv);
 static void adapter_usage(FILE *out) {
     fprintf(out,
             "usage: loraplex adapter info PATH [-m BASE]\n"
-            "       loraplex adapter compile INPUT --base BASE -o OUT.lpa [--dtype f16|f32|i8] [--scale S]\n"
+            "       loraplex adapter compile INPUT --base BASE -o OUT.lpa [--dtype f16|f32|i8|i4] [--scale S]\n"
             "       loraplex adapter merge --base BASE.gguf --adapter PATH[:SCALE] [--adapter ...]\n"
             "                              -o MERGED.gguf\n"
             "PATH / INPUT: an .lpa file, a llama.cpp GGUF LoRA, or a PEFT directory\n"
@@ -96,8 +96,9 @@ static int do_compile(int argc, char **argv) {
             if (!strcmp(v, "f16")) dtype = LP_F16;
             else if (!strcmp(v, "f32")) dtype = LP_F32;
             else if (!strcmp(v, "i8")) dtype = LP_W8;
+            else if (!strcmp(v, "i4")) dtype = LP_W4;
             else {
-                fprintf(stderr, "loraplex adapter compile: --dtype is f16, f32 or i8, not '%s'\n", v);
+                fprintf(stderr, "loraplex adapter compile: --dtype is f16, f32, i8 or i4, not '%s'\n", v);
                 return 2;
             }
         } else if (!strcmp(argv[i], "--scale")) {

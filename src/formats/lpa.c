@@ -47,20 +47,24 @@ static size_t elem_size(uint32_t dtype) { return dtype == LP_F16 ? 2 : 4; }
 
 static uint64_t align64(uint64_t x) { return (x + LP_LPA_ALIGN - 1) & ~(uint64_t)(LP_LPA_ALIGN - 1); }
 
-static bool valid_dtype(uint32_t dtype) { return dtype == LP_F32 || dtype == LP_F16 || dtype == LP_W8; }
+static bool is_packed(uint32_t dtype) { return dtype == LP_W8 || dtype == LP_W4; }
+static bool valid_dtype(uint32_t dtype) { return dtype == LP_F32 || dtype == LP_F16 || is_packed(dtype); }
 
-/* Bytes of a W8 packed rows x cols matrix (cols a multiple of 32): per
- * 16-row panel and 32-column group, 16 f16 scales and 16 x 32 codes. */
-static bool w8_bytes(uint64_t rows, uint64_t cols, size_t *bytes) {
+/* Bytes of a W8/W4 packed rows x cols matrix (cols a multiple of 32): per
+ * 16-row panel and 32-column group, 16 f16 scales and 16 x 32 codes of 8 or
+ * 4 bits. */
+static bool packed_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, size_t *bytes) {
     if (cols == 0 || cols % 32) return false;
-    return lp_mul_ok((rows + 15) / 16, cols / 32, bytes) && lp_mul_ok(*bytes, 32 + 16 * 32, bytes);
+    size_t per_group = 32 + (dtype == LP_W8 ? 16 * 32 : 16 * 16);
+    return lp_mul_ok((rows + 15) / 16, cols / 32, bytes) && lp_mul_ok(*bytes, per_group, bytes);
 }
 
-/* Bytes of A (rank x in) and B (out x rank; W8: out x round32(rank));
- * false on overflow or a shape W8 cannot hold. */
+/* Bytes of A (rank x in) and B (out x rank; packed: out x round32(rank));
+ * false on overflow or a shape W8/W4 cannot hold. */
 static bool block_bytes(const lp_lpa_entry *e, size_t *a_bytes, size_t *b_bytes) {
-    if (e->dtype == LP_W8)
-        return w8_bytes(e->rank, e->in, a_bytes) && w8_bytes(e->out, ((uint64_t)e->rank + 31) & ~31ull, b_bytes);
+    if (is_packed(e->dtype))
+        return packed_bytes(e->dtype, e->rank, e->in, a_bytes) &&
+               packed_bytes(e->dtype, e->out, ((uint64_t)e->rank + 31) & ~31ull, b_bytes);
     size_t na, nb;
     return lp_mul_ok(e->rank, e->in, &na) && lp_mul_ok(na, elem_size(e->dtype), a_bytes) &&
            lp_mul_ok(e->rank, e->out, &nb) && lp_mul_ok(nb, elem_size(e->dtype), b_bytes);
@@ -198,7 +202,7 @@ static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, con
             return lp_fail(err, "%s: layer %u %s: rank %u out of range 1..%llu", what, e->layer,
                            pn, e->rank, (unsigned long long)max_rank);
         if (!valid_dtype(e->dtype))
-            return lp_fail(err, "%s: layer %u %s: dtype %u is not F32 (0), F16 (1) or W8 (65)", what,
+            return lp_fail(err, "%s: layer %u %s: dtype %u is not F32 (0), F16 (1), W4 (64) or W8 (65)", what,
                            e->layer, pn, e->dtype);
         if (!isfinite(e->scale))
             return lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer, pn);
@@ -207,7 +211,7 @@ static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, con
         size_t a_bytes, b_bytes, a_end, b_end;
         if (!block_bytes(e, &a_bytes, &b_bytes))
             return lp_fail(err, "%s: layer %u %s: size overflows%s", what, e->layer, pn,
-                           e->dtype == LP_W8 && e->in % 32 ? " (W8 needs an input width that is a multiple of 32)" : "");
+                           is_packed(e->dtype) && e->in % 32 ? " (W8/W4 need an input width that is a multiple of 32)" : "");
         if (a_off % LP_LPA_ALIGN || b_off % LP_LPA_ALIGN || a_off < cursor ||
             !lp_add_ok(a_off, a_bytes, &a_end) || a_end > size || b_off < a_end ||
             !lp_add_ok(b_off, b_bytes, &b_end) || b_end > size)

@@ -20,14 +20,14 @@
  *   384    256   base_name         (e.g. PEFT base_model_name_or_path), same
  *   640    40*n  entries, strictly increasing by (layer, proj):
  *                  0 u32 layer   4 u32 proj (0..6 = q k v o gate up down)
- *                  8 u32 rank (1..min(in, out))   12 u32 dtype (0 F32, 1 F16, 65 W8)
+ *                  8 u32 rank (1..min(in, out))   12 u32 dtype (0 F32, 1 F16, 64 W4, 65 W8)
  *                 16 f32 scale (alpha/r, finite)  20 u32 reserved, zero
  *                 24 u64 a_offset: A, rank rows x in cols, row-major
  *                 32 u64 b_offset: B, out rows x rank cols, row-major
  *   data_start..  the A and B blocks in table order (A then B per entry), each
  *                 64-byte aligned, zero padding between and at the end.
  *
- * W8 blocks are in the integer kernels' packed LP_W8 layout (group 32, see
+ * W8 and W4 blocks are in the integer kernels' packed LP_W8 / LP_W4 layouts (group 32, see
  * src/kernels/intpack.c): A is rank x in (in a multiple of 32), B is
  * out x round32(rank) with zero columns past the rank, so the runtime
  * multiplies them in place with int8 activations.

@@ -156,7 +156,7 @@ static const char *basename_of(const char *path) {
 
 /* Bytes of one half of a pair (packed W8 halves are not row-strided). */
 static size_t half_bytes(const lp_weight *w) {
-    if (w->type == LP_W8) return lp_pack_bytes(LP_W8, w->rows, w->cols, w->group);
+    if (w->type == LP_W8 || w->type == LP_W4) return lp_pack_bytes(w->type, w->rows, w->cols, w->group);
     return w->row_bytes * (size_t)w->rows;
 }
 
@@ -873,9 +873,9 @@ static lp_adapter *load_peft(const lp_model *m, const char *dir, float scale, lp
  * multiple of 32 columns). */
 static lp_weight lpa_half(const lp_lpa_entry *e, bool is_b) {
     int64_t rank = (int64_t)e->rank, kr = (rank + 31) & ~(int64_t)31;
-    if (e->dtype == LP_W8)
-        return is_b ? lp_packed_weight(LP_W8, 32, (int64_t)e->out, kr, e->b)
-                    : lp_packed_weight(LP_W8, 32, rank, (int64_t)e->in, e->a);
+    if (e->dtype == LP_W8 || e->dtype == LP_W4)
+        return is_b ? lp_packed_weight(e->dtype, 32, (int64_t)e->out, kr, e->b)
+                    : lp_packed_weight(e->dtype, 32, rank, (int64_t)e->in, e->a);
     size_t esz = e->dtype == LP_F16 ? 2 : 4;
     return is_b ? (lp_weight){.type = e->dtype, .rows = (int64_t)e->out, .cols = rank,
                               .row_bytes = esz * (size_t)rank, .data = e->b}
@@ -1027,16 +1027,16 @@ static const void *as_type(const lp_weight *w, int64_t cols, uint32_t type, void
                            lp_error *err) {
     *tmp = NULL;
     if (w->type == type) return w->data;
-    int64_t rows = w->rows, out_cols = type == LP_W8 ? (cols + 31) & ~(int64_t)31 : cols;
-    if (type == LP_W8 && w->cols != cols && w->cols % 32) out_cols = -1;
+    bool packed = type == LP_W8 || type == LP_W4;
+    int64_t rows = w->rows, out_cols = packed ? (cols + 31) & ~(int64_t)31 : cols;
     float *f = lp_alloc((size_t)rows * (size_t)out_cols * sizeof(float));
     float *row = lp_alloc((size_t)w->cols * sizeof(float));
-    size_t bytes = type == LP_W8 ? lp_pack_bytes(LP_W8, rows, out_cols, 32)
+    size_t bytes = packed ? lp_pack_bytes(type, rows, out_cols, 32)
                                  : (size_t)rows * (size_t)cols * (type == LP_F16 ? 2 : 4);
     uint8_t *buf = bytes ? lp_alloc(bytes) : NULL;
     const void *result = NULL;
     if (!f || !row || !buf) {
-        if (!bytes) lp_fail(err, "%s: W8 needs widths that are multiples of 32 (this half is %lld wide)", what,
+        if (!bytes) lp_fail(err, "%s: W8/W4 need widths that are multiples of 32 (this half is %lld wide)", what,
                             (long long)w->cols);
         else lp_fail(err, "out of memory");
         goto done;
@@ -1046,9 +1046,10 @@ static const void *as_type(const lp_weight *w, int64_t cols, uint32_t type, void
         half_row(w, r, row, dst, cols);
         for (int64_t c = cols; c < out_cols; c++) dst[c] = 0.0f; /* packed B padding */
     }
-    if (type == LP_W8) {
-        if (lp_pack_weight(LP_W8, 32, f, rows, out_cols, buf)) {
-            lp_fail(err, "%s: cannot pack a %lld x %lld half as W8", what, (long long)rows, (long long)out_cols);
+    if (packed) {
+        if (lp_pack_weight(type, 32, f, rows, out_cols, buf)) {
+            lp_fail(err, "%s: cannot pack a %lld x %lld half as %s", what, (long long)rows, (long long)out_cols,
+                    lp_dtype_name(type));
             goto done;
         }
     } else {
@@ -1077,8 +1078,8 @@ done:
 
 int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err) {
     if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
-    if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16 && dtype != LP_W8)
-        return lp_fail(err, "%s: .lpa data must be F32, F16 or W8", path);
+    if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16 && dtype != LP_W8 && dtype != LP_W4)
+        return lp_fail(err, "%s: .lpa data must be F32, F16, W8 or W4", path);
     size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
     lp_lpa_entry *es = calloc(n_slots ? n_slots : 1, sizeof *es);
     void **tmps = calloc(n_slots * 2 + 1, sizeof *tmps);
@@ -1090,7 +1091,7 @@ int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_er
         uint32_t type = dtype == -1 ? p->A.type : (uint32_t)dtype;
         /* W8 groups are 32 wide: a projection whose input is not (stories260K's
          * 172-wide down) keeps F16 */
-        if (type == LP_W8 && p->A.cols % 32) type = LP_F16;
+        if ((type == LP_W8 || type == LP_W4) && p->A.cols % 32) type = LP_F16;
         lp_lpa_entry *e = &es[n++];
         e->layer = (uint32_t)(s / LP_PROJ_COUNT);
         e->proj = (uint32_t)(s % LP_PROJ_COUNT);

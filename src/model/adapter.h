@@ -25,8 +25,8 @@ const char *lp_proj_name(lp_proj p);
 typedef struct lp_lora_pair {
     int rank;            /* 0: this projection has no adapter */
     float scale;         /* alpha / rank (or alpha / sqrt(rank) for rsLoRA) x user scale */
-    lp_weight A;         /* rows = rank, cols = in  (F32, F16, or packed W8) */
-    lp_weight B;         /* rows = out,  cols = rank (F32, F16; packed W8: round32(rank),
+    lp_weight A;         /* rows = rank, cols = in  (F32, F16, or packed W8/W4) */
+    lp_weight B;         /* rows = out,  cols = rank (F32, F16; packed: round32(rank),
                             zero past the rank) */
 } lp_lora_pair;
 
@@ -64,9 +64,9 @@ lp_adapter *lp_adapter_load_lpa_memory(const lp_model *model, const void *data,
                                        size_t size, const char *what, float scale,
                                        lp_error *err);
 /* Writes the adapter (loaded for a base) as .lpa. dtype: LP_F32, LP_F16,
- * LP_W8 (int8 in the integer kernels' layout; a projection whose input
- * width is not a multiple of 32 is written as F16), or -1 to keep each
- * pair's type. */
+ * LP_W8 / LP_W4 (int8 / int4 in the integer kernels' layout, group 32; a
+ * projection whose input width is not a multiple of 32 is written as F16),
+ * or -1 to keep each pair's type. */
 int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err);
 /* Writes `base` (a GGUF base) with W' = W + scale * B A of every adapter
  * folded in: adapted projections as F32, everything else as stored, all
