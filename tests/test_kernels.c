@@ -673,6 +673,41 @@ static void test_ops(void) {
         }
         CHECK_MSG(bad == 0, "dot_f32 %s: %d lengths off", levels[l].name, bad);
     }
+
+    /* every level's axpy (bit-identical), softmax and silu_mul (within a few
+     * ulp of the double-precision formula), all lengths up to 100 */
+    for (int l = 0; l < n_levels; l++) {
+        const lp_kernels *k = &levels[l].k;
+        int bad_axpy = 0, bad_soft = 0, bad_silu = 0;
+        for (int n = 1; n <= 100; n++) {
+            float a[N], b[N], e[N];
+            memcpy(a, w, (size_t)n * sizeof(float));
+            memcpy(b, w, (size_t)n * sizeof(float));
+            lp_axpy(a, -0.75f, x, n);
+            k->axpy_f32(b, -0.75f, x, n);
+            bad_axpy += memcmp(a, b, (size_t)n * sizeof(float)) != 0;
+            for (int i = 0; i < n; i++) e[i] = x[i] * 30.0f; /* scores from -15 to 15 and beyond */
+            memcpy(a, e, (size_t)n * sizeof(float));
+            k->softmax(a, n);
+            double mx = e[0], sum = 0;
+            for (int i = 1; i < n; i++) mx = e[i] > mx ? e[i] : mx;
+            for (int i = 0; i < n; i++) sum += exp((double)e[i] - mx);
+            for (int i = 0; i < n; i++) {
+                double want = exp((double)e[i] - mx) / sum;
+                bad_soft += !(fabs(a[i] - want) <= 1e-6 * want + 1e-37);
+            }
+            for (int i = 0; i < n; i++) a[i] = x[i] * 12.0f;
+            memcpy(b, a, (size_t)n * sizeof(float));
+            k->silu_mul(a, w, n);
+            for (int i = 0; i < n; i++) {
+                double want = b[i] / (1.0 + exp(-(double)b[i])) * w[i];
+                bad_silu += !(fabs(a[i] - want) <= 1e-6 * fabs(want) + 1e-30);
+            }
+        }
+        CHECK_MSG(bad_axpy == 0, "axpy %s: %d lengths differ from the reference", levels[l].name, bad_axpy);
+        CHECK_MSG(bad_soft == 0, "softmax %s: %d values off", levels[l].name, bad_soft);
+        CHECK_MSG(bad_silu == 0, "silu_mul %s: %d values off", levels[l].name, bad_silu);
+    }
 }
 
 int main(void) {

@@ -80,6 +80,12 @@ enum { LP_INT_REF = 0, LP_INT_AVX2 = 1, LP_INT_AVX512VNNI = 2, LP_INT_NEON_DOT =
 typedef struct lp_kernels {
     lp_cpu_features cpu;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
+    /* lp_axpy, lp_softmax and lp_silu_mul of this level (axpy bit-identical
+     * to the reference; softmax and silu use a polynomial exp, within a few
+     * ulp of expf) */
+    void (*axpy_f32)(float *y, float a, const float *x, int64_t n);
+    void (*softmax)(float *x, int64_t n);
+    void (*silu_mul)(float *gate, const float *up, int64_t n);
     /* more fast paths are private to kernels/ */
     int level;     /* float paths: 0 = reference, 1 = avx2, 2 = avx512 */
     int int_level; /* LP_W4/LP_W8 integer paths: LP_INT_* */

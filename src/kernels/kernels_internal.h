@@ -139,6 +139,9 @@ void lp_dequant_q4_0_avx2(const uint8_t *src, float *dst, int64_t blocks);
 void lp_dequant_q8_0_avx2(const uint8_t *src, float *dst, int64_t blocks);
 
 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n);
+void lp_axpy_avx512(float *y, float a, const float *x, int64_t n);
+void lp_softmax_avx512(float *x, int64_t n);
+void lp_silu_mul_avx512(float *gate, const float *up, int64_t n);
 void lp_tile_f32_avx512(const lp_tile *t);
 void lp_tile_f16_avx512(const lp_tile *t);
 void lp_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int64_t n);

@@ -19,6 +19,9 @@
 void lp_kernels_init_reference(lp_kernels *k) {
     memset(k, 0, sizeof *k);
     k->dot_f32 = lp_dot_f32_ref;
+    k->axpy_f32 = lp_axpy;
+    k->softmax = lp_softmax;
+    k->silu_mul = lp_silu_mul;
     k->level = 0;
     k->int_level = LP_INT_REF;
     k->int8_activations = true;
@@ -32,6 +35,9 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
     if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl) {
         k->level = 2;
         k->dot_f32 = lp_dot_f32_avx512;
+        k->axpy_f32 = lp_axpy_avx512;
+        k->softmax = lp_softmax_avx512;
+        k->silu_mul = lp_silu_mul_avx512;
     } else if (avx2) {
         k->level = 1;
         k->dot_f32 = lp_dot_f32_avx2;

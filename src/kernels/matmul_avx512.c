@@ -104,6 +104,76 @@ AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) {
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
+/* y += a * x as a multiply then an add (no fma), like the reference. */
+AVX512 void lp_axpy_avx512(float *y, float a, const float *x, int64_t n) {
+    __m512 av = _mm512_set1_ps(a);
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m, x + i)));
+        _mm512_mask_storeu_ps(y + i, m, v);
+    }
+}
+
+/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so
+ * n ln2 is exact), e^r by its degree-6 Taylor polynomial (error below 2e-7
+ * relative on that interval), then scaled by 2^n. Inputs are clamped to
+ * [-103, 88.7]: below, the result flushes towards 0 as expf does. */
+AVX512 INLINE __m512 exp16(__m512 x) {
+    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(88.7f));
+    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
+    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
+    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
+    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
+    return _mm512_scalef_ps(p, n);
+}
+
+/* The reference's steps (max, exponentials summed in double, one scale)
+ * 16 lanes at a time. */
+AVX512 void lp_softmax_avx512(float *x, int64_t n) {
+    if (n <= 0) return;
+    __m512 mx = _mm512_set1_ps(x[0]);
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        mx = _mm512_mask_max_ps(mx, m, mx, _mm512_maskz_loadu_ps(m, x + i));
+    }
+    __m512 maxv = _mm512_set1_ps(_mm512_reduce_max_ps(mx));
+    __m512d sum = _mm512_setzero_pd();
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 e = _mm512_maskz_mov_ps(m, exp16(_mm512_sub_ps(_mm512_maskz_loadu_ps(m, x + i), maxv)));
+        _mm512_mask_storeu_ps(x + i, m, e);
+        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm512_castps512_ps256(e)));
+        sum = _mm512_add_pd(sum, _mm512_cvtps_pd(_mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(e), 1))));
+    }
+    __m512 inv = _mm512_set1_ps((float)(1.0 / _mm512_reduce_add_pd(sum)));
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        _mm512_mask_storeu_ps(x + i, m, _mm512_mul_ps(_mm512_maskz_loadu_ps(m, x + i), inv));
+    }
+}
+
+/* gate = gate / (1 + e^-gate) * up */
+AVX512 void lp_silu_mul_avx512(float *gate, const float *up, int64_t n) {
+    const __m512 one = _mm512_set1_ps(1.0f);
+    for (int64_t i = 0; i < n; i += 16) {
+        int64_t left = n - i;
+        __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __m512 g = _mm512_maskz_loadu_ps(m, gate + i);
+        __m512 s = _mm512_div_ps(g, _mm512_add_ps(one, exp16(_mm512_sub_ps(_mm512_setzero_ps(), g))));
+        _mm512_mask_storeu_ps(gate + i, m, _mm512_mul_ps(s, _mm512_maskz_loadu_ps(m, up + i)));
+    }
+}
+
 #else
 typedef int lp_no_avx512_on_this_target; /* keep the translation unit non-empty */
 #endif

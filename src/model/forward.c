@@ -339,7 +339,7 @@ static void attend_one(lp_context *ctx, int layer, int r, int h, float *scores) 
      * order after the committed ones and read back the same way. */
     for (int a = r; a >= 0; a = ctx->rows[a].parent)
         scores[n++] = ctx->kern.dot_f32(q, k_batch + (size_t)a * kv_dim, d) * scale;
-    lp_softmax(scores, n);
+    ctx->kern.softmax(scores, n);
 
     float *out = ctx->xn + ((size_t)r * hp->n_heads + (size_t)h) * (size_t)d;
     memset(out, 0, (size_t)d * sizeof(float));
@@ -347,10 +347,10 @@ static void attend_one(lp_context *ctx, int layer, int r, int h, float *scores) 
     for (int t = 0; t < s->length; t++) {
         const float *v = lp_kv_value(kv, s->blocks[t / kv->block_tokens], layer, g,
                                      t % kv->block_tokens);
-        lp_axpy(out, scores[n++], v, d);
+        ctx->kern.axpy_f32(out, scores[n++], v, d);
     }
     for (int a = r; a >= 0; a = ctx->rows[a].parent)
-        lp_axpy(out, scores[n++], v_batch + (size_t)a * kv_dim, d);
+        ctx->kern.axpy_f32(out, scores[n++], v_batch + (size_t)a * kv_dim, d);
 }
 
 static void attention_worker(void *arg, int thread, int n_threads) {
@@ -406,7 +406,7 @@ static void lora_flush(lp_context *ctx, lora_batch *b) {
     for (int i = 0; i < b->n; i++) {
         const lora_piece *p = &b->piece[i];
         for (int r = 0; r < p->n; r++)
-            lp_axpy(p->dst + (p->rows ? p->rows[r] : r) * p->dst_stride, 1.0f, p->y + r * p->out, p->out);
+            ctx->kern.axpy_f32(p->dst + (p->rows ? p->rows[r] : r) * p->dst_stride, 1.0f, p->y + r * p->out, p->out);
     }
     b->n = 0;
     b->t_used = b->y_used = 0;
@@ -562,7 +562,7 @@ static float *feed_forward_hidden(lp_context *ctx, int l, int64_t *stride) {
     float *gu[2] = {gate, up};
     const int64_t gu_strides[2] = {w, w};
     apply_lora(ctx, l, 2, gate_up_projs, ctx->xn, dim, gu, gu_strides);
-    for (int r = 0; r < n; r++) lp_silu_mul(gate + r * w, up + r * w, ffn);
+    for (int r = 0; r < n; r++) ctx->kern.silu_mul(gate + r * w, up + r * w, ffn);
     *stride = w;
     return gate;
 }
@@ -596,7 +596,7 @@ static void layer_forward(lp_context *ctx, int l) {
     float *o_out[1] = {ctx->gate}, *down_out[1] = {ctx->xn};
     const int64_t dim_stride[1] = {dim};
     apply_lora(ctx, l, 1, o_proj, ctx->xn, q_dim, o_out, dim_stride);
-    for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
+    for (int r = 0; r < n; r++) ctx->kern.axpy_f32(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
 
     /* feed-forward block */
     for (int r = 0; r < n; r++)
@@ -605,7 +605,7 @@ static void layer_forward(lp_context *ctx, int l) {
     float *hidden = feed_forward_hidden(ctx, l, &h_stride);
     matmul(ctx, &L->w_down, hidden, h_stride, ctx->xn, dim, n);
     apply_lora(ctx, l, 1, down_proj, hidden, h_stride, down_out, dim_stride);
-    for (int r = 0; r < n; r++) lp_axpy(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
+    for (int r = 0; r < n; r++) ctx->kern.axpy_f32(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
 }
 
 int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
