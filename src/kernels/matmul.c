@@ -100,13 +100,10 @@ static void f16_row_to_f32(int level, const uint16_t *src, float *dst, int64_t n
 
 /* ---- the threaded driver ---------------------------------------------------- */
 
+/* One float matmul for the pool: the task and the kernels that run it. */
 typedef struct matmul_job {
     const lp_kernels *k;
-    const lp_weight *W;
-    const float *X;
-    int64_t x_stride, n_batch;
-    float *Y;
-    int64_t y_stride;
+    lp_matmul_task t;
 } matmul_job;
 
 /* Points tile->w at columns [c0, c0+n) of rows r..r+nr-1, decoding into buf
@@ -114,11 +111,11 @@ typedef struct matmul_job {
  * are f16. */
 static bool prepare_rows(const matmul_job *job, int64_t r, int nr, int64_t c0, int64_t n,
                          float buf[LP_TILE_ROWS][LP_CHUNK], lp_tile *tile) {
-    const lp_weight *W = job->W;
+    const lp_weight *W = job->t.W;
     const lp_dtype_info *info = lp_dtype_get(W->type);
     int level = job->k->level;
     /* Converting f16 once pays off when several batch rows reuse it. */
-    bool f16_direct = W->type == LP_F16 && level > 0 && job->n_batch <= 4;
+    bool f16_direct = W->type == LP_F16 && level > 0 && job->t.n_batch <= 4;
     for (int i = 0; i < nr; i++) {
         const uint8_t *row = (const uint8_t *)W->data + (size_t)(r + i) * W->row_bytes;
         if (W->type == LP_F32) {
@@ -143,7 +140,7 @@ static bool prepare_rows(const matmul_job *job, int64_t r, int nr, int64_t c0, i
 
 static void matmul_worker(void *ctx, int thread_index, int n_threads) {
     const matmul_job *job = ctx;
-    const lp_weight *W = job->W;
+    const lp_weight *W = job->t.W;
     int64_t r0, r1;
     lp_split_range(W->rows, thread_index, n_threads, LP_TILE_ROWS, &r0, &r1);
     _Alignas(64) float buf[LP_TILE_ROWS][LP_CHUNK];
@@ -153,12 +150,12 @@ static void matmul_worker(void *ctx, int thread_index, int n_threads) {
             int64_t n = W->cols - c0 < LP_CHUNK ? W->cols - c0 : LP_CHUNK;
             lp_tile tile = {
                 .nr = nr,
-                .x = job->X + c0,
-                .x_stride = job->x_stride,
-                .n_batch = job->n_batch,
+                .x = job->t.X + c0,
+                .x_stride = job->t.x_stride,
+                .n_batch = job->t.n_batch,
                 .n = n,
-                .y = job->Y + r,
-                .y_stride = job->y_stride,
+                .y = job->t.Y + r,
+                .y_stride = job->t.y_stride,
                 .accumulate = c0 > 0,
             };
             bool f16 = prepare_rows(job, r, nr, c0, n, buf, &tile);
@@ -182,7 +179,7 @@ void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
         for (int64_t b = 0; b < n_batch; b++) memset(Y + b * y_stride, 0, (size_t)W->rows * sizeof(float));
         return;
     }
-    matmul_job job = {k, W, X, x_stride, n_batch, Y, y_stride};
+    matmul_job job = {k, {W, X, x_stride, n_batch, Y, y_stride}};
     /* Too little work to share (tiny models): waking the pool costs more
      * than the multiply. */
     if (W->rows <= LP_TILE_ROWS || (double)W->rows * (double)W->cols * (double)n_batch < 32768.0)
