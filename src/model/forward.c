@@ -483,6 +483,93 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_e
     return 0;
 }
 
+/* ---- per-row steps ------------------------------------------------------------------------- */
+
+/* The elementwise work between the matmuls (norms, rope, SwiGLU, residual
+ * adds), one row at a time. Cheap per row, but over a prefill batch it adds
+ * up, and run on one thread it leaves the others waiting: batches of
+ * ROWS_PARALLEL_MIN rows or more split it across the pool. Every row gets
+ * the same operations whichever thread runs it. */
+#define ROWS_PARALLEL_MIN 16
+
+typedef enum row_step {
+    ROW_ATTN_NORM,      /* xn = rmsnorm(x) */
+    ROW_QKV_FINISH,     /* k, v out of the fused output; biases, q/k norms, rope */
+    ROW_RESIDUAL_NORM,  /* x += attention output (gate buffer); xn = rmsnorm(x) */
+    ROW_SILU,           /* hidden = silu(gate) * up */
+    ROW_RESIDUAL,       /* x += feed-forward output (xn) */
+} row_step;
+
+typedef struct rows_task {
+    lp_context *ctx;
+    int layer;
+    row_step step;
+    float *k_new, *v_new;   /* ROW_QKV_FINISH */
+    float *gate, *up;       /* ROW_SILU */
+    int64_t stride;         /* ROW_SILU: of gate and up */
+} rows_task;
+
+static void qkv_finish_row(const rows_task *t, int r) {
+    lp_context *ctx = t->ctx;
+    const lp_hparams *hp = &ctx->model->hp;
+    const lp_layer *L = &ctx->model->layers[t->layer];
+    int64_t d = hp->head_dim, q_dim = hp->n_heads * d, kv_dim = hp->n_kv_heads * d;
+    float *q = ctx->q + r * q_dim, *k = t->k_new + r * kv_dim;
+    if (L->wqkv.data) { /* q stays in the fused output; k/v move to the per-layer
+                         * batch KV that attention and commits read */
+        q = ctx->qkv + r * (q_dim + 2 * kv_dim);
+        memcpy(k, q + q_dim, (size_t)kv_dim * sizeof(float));
+        memcpy(t->v_new + r * kv_dim, q + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
+    }
+    add_bias(q, L->bq, q_dim);
+    add_bias(k, L->bk, kv_dim);
+    add_bias(t->v_new + r * kv_dim, L->bv, kv_dim);
+    if (L->q_norm) {
+        for (int h = 0; h < hp->n_heads; h++) lp_rmsnorm(q + h * d, q + h * d, L->q_norm, d, hp->rms_eps);
+        for (int h = 0; h < hp->n_kv_heads; h++) lp_rmsnorm(k + h * d, k + h * d, L->k_norm, d, hp->rms_eps);
+    }
+    rope_apply(ctx, r, q, hp->n_heads);
+    rope_apply(ctx, r, k, hp->n_kv_heads);
+}
+
+static void row_step_one(const rows_task *t, int r) {
+    lp_context *ctx = t->ctx;
+    const lp_model *m = ctx->model;
+    const lp_layer *L = &m->layers[t->layer];
+    int64_t dim = m->hp.dim;
+    float *x = ctx->x + r * dim, *xn = ctx->xn + r * dim;
+    /* folded gains already sit in the columns of q/k/v and gate/up */
+    switch (t->step) {
+    case ROW_ATTN_NORM:
+        lp_rmsnorm(xn, x, m->norms_folded ? NULL : L->attn_norm, dim, m->hp.rms_eps);
+        break;
+    case ROW_QKV_FINISH:
+        qkv_finish_row(t, r);
+        break;
+    case ROW_RESIDUAL_NORM:
+        ctx->kern.axpy_f32(x, 1.0f, ctx->gate + r * dim, dim);
+        lp_rmsnorm(xn, x, m->norms_folded ? NULL : L->ffn_norm, dim, m->hp.rms_eps);
+        break;
+    case ROW_SILU:
+        ctx->kern.silu_mul(t->gate + r * t->stride, t->up + r * t->stride, m->hp.ffn_dim);
+        break;
+    case ROW_RESIDUAL:
+        ctx->kern.axpy_f32(x, 1.0f, xn, dim);
+        break;
+    }
+}
+
+static void rows_worker(void *arg, int thread, int n_threads) {
+    const rows_task *t = arg;
+    int64_t begin, end;
+    lp_split_range(t->ctx->n_rows, thread, n_threads, 1, &begin, &end);
+    for (int64_t r = begin; r < end; r++) row_step_one(t, (int)r);
+}
+
+static void run_rows(lp_context *ctx, rows_task t) {
+    lp_threadpool_run(ctx->n_rows >= ROWS_PARALLEL_MIN ? ctx->pool : NULL, rows_worker, &t);
+}
+
 /* ---- the layer ------------------------------------------------------------------------------- */
 
 static void matmul(lp_context *ctx, const lp_weight *w, const float *x, int64_t x_stride,
@@ -508,11 +595,6 @@ static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new)
         float *ys[3] = {ctx->qkv, ctx->qkv + q_dim, ctx->qkv + q_dim + kv_dim};
         const int64_t strides[3] = {w, w, w};
         apply_lora(ctx, l, 3, qkv_projs, ctx->xn, dim, ys, strides);
-        /* k/v move to the per-layer batch KV that attention and commits read */
-        for (int r = 0; r < n; r++) {
-            memcpy(k_new + r * kv_dim, ctx->qkv + r * w + q_dim, (size_t)kv_dim * sizeof(float));
-            memcpy(v_new + r * kv_dim, ctx->qkv + r * w + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
-        }
         q_rows = ctx->qkv;
         q_stride = w;
     } else {
@@ -523,20 +605,9 @@ static void attention_inputs(lp_context *ctx, int l, float *k_new, float *v_new)
         lp_matmul_multi(&ctx->kern, ctx->pool, 3, ws, ctx->xn, dim, n, ys, strides);
         apply_lora(ctx, l, 3, qkv_projs, ctx->xn, dim, ys, strides);
     }
-    for (int r = 0; r < n; r++) {
-        float *q = q_rows + r * q_stride, *k = k_new + r * kv_dim;
-        add_bias(q, L->bq, q_dim);
-        add_bias(k, L->bk, kv_dim);
-        add_bias(v_new + r * kv_dim, L->bv, kv_dim);
-        if (L->q_norm) {
-            for (int h = 0; h < hp->n_heads; h++) lp_rmsnorm(q + h * d, q + h * d, L->q_norm, d, hp->rms_eps);
-            for (int h = 0; h < hp->n_kv_heads; h++) lp_rmsnorm(k + h * d, k + h * d, L->k_norm, d, hp->rms_eps);
-        }
-        rope_apply(ctx, r, q, hp->n_heads);
-        rope_apply(ctx, r, k, hp->n_kv_heads);
-    }
     ctx->q_rows = q_rows;
     ctx->q_stride = q_stride;
+    run_rows(ctx, (rows_task){.ctx = ctx, .layer = l, .step = ROW_QKV_FINISH, .k_new = k_new, .v_new = v_new});
 }
 
 /* silu(gate) * up of the batch; returns where the product rows are and
@@ -562,7 +633,7 @@ static float *feed_forward_hidden(lp_context *ctx, int l, int64_t *stride) {
     float *gu[2] = {gate, up};
     const int64_t gu_strides[2] = {w, w};
     apply_lora(ctx, l, 2, gate_up_projs, ctx->xn, dim, gu, gu_strides);
-    for (int r = 0; r < n; r++) ctx->kern.silu_mul(gate + r * w, up + r * w, ffn);
+    run_rows(ctx, (rows_task){.ctx = ctx, .layer = l, .step = ROW_SILU, .gate = gate, .up = up, .stride = w});
     *stride = w;
     return gate;
 }
@@ -577,13 +648,8 @@ static void layer_forward(lp_context *ctx, int l) {
     size_t rows = (size_t)ctx->params.max_rows;
     float *k_new = ctx->k_new + (size_t)l * rows * (size_t)kv_dim;
     float *v_new = ctx->v_new + (size_t)l * rows * (size_t)kv_dim;
-    /* folded gains already sit in the columns of q/k/v and gate/up */
-    const float *attn_gain = m->norms_folded ? NULL : L->attn_norm;
-    const float *ffn_gain = m->norms_folded ? NULL : L->ffn_norm;
-
     /* attention block */
-    for (int r = 0; r < n; r++)
-        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, attn_gain, dim, hp->rms_eps);
+    run_rows(ctx, (rows_task){.ctx = ctx, .layer = l, .step = ROW_ATTN_NORM});
     attention_inputs(ctx, l, k_new, v_new);
     attention_task task = {ctx, l};
     /* Small attention (tiny models, short contexts) runs inline: waking the
@@ -596,16 +662,14 @@ static void layer_forward(lp_context *ctx, int l) {
     float *o_out[1] = {ctx->gate}, *down_out[1] = {ctx->xn};
     const int64_t dim_stride[1] = {dim};
     apply_lora(ctx, l, 1, o_proj, ctx->xn, q_dim, o_out, dim_stride);
-    for (int r = 0; r < n; r++) ctx->kern.axpy_f32(ctx->x + r * dim, 1.0f, ctx->gate + r * dim, dim);
 
     /* feed-forward block */
-    for (int r = 0; r < n; r++)
-        lp_rmsnorm(ctx->xn + r * dim, ctx->x + r * dim, ffn_gain, dim, hp->rms_eps);
+    run_rows(ctx, (rows_task){.ctx = ctx, .layer = l, .step = ROW_RESIDUAL_NORM});
     int64_t h_stride;
     float *hidden = feed_forward_hidden(ctx, l, &h_stride);
     matmul(ctx, &L->w_down, hidden, h_stride, ctx->xn, dim, n);
     apply_lora(ctx, l, 1, down_proj, hidden, h_stride, down_out, dim_stride);
-    for (int r = 0; r < n; r++) ctx->kern.axpy_f32(ctx->x + r * dim, 1.0f, ctx->xn + r * dim, dim);
+    run_rows(ctx, (rows_task){.ctx = ctx, .layer = l, .step = ROW_RESIDUAL});
 }
 
 int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
