@@ -135,10 +135,89 @@ VNNI INLINE void few_rows(const lp_igemm *g, bool w4) {
     }
 }
 
+/* Group gi of batch rows b..b+RB-1 against the unpacked codes wv of NP
+ * panels. Each (row, panel) sums even and odd chunks in two int32 chains:
+ * with RB = 2 that is 8 independent dpbusd chains, enough to hide their
+ * latency (the sum of the two is the same exact integer). */
+VNNI INLINE void rows_g32(const lp_qact *a, bool w4, __m512i wv[2][8], const __m512 dw[2], int NP, int64_t gi,
+                          int64_t b, int RB, float accf[2][FEW_ROWS][16]) {
+    const int64_t groups = a->groups;
+    __m512i acc[2][2][2];
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NP; i++) {
+            acc[r][i][0] = _mm512_set1_epi32(a->corr[(b + r) * groups + gi]);
+            acc[r][i][1] = _mm512_setzero_si512();
+        }
+    for (int k = 0; k < 8; k++)
+        for (int r = 0; r < RB; r++) {
+            const int8_t *xg = a->q + (b + r) * a->q_stride + gi * 32;
+            __m512i xv = _mm512_set1_epi32(load4(xg + (w4 ? 8 * (k / 2) + 4 * (k % 2) : 4 * k)));
+            for (int i = 0; i < NP; i++) acc[r][i][k & 1] = _mm512_dpbusd_epi32(acc[r][i][k & 1], wv[i][k], xv);
+        }
+    for (int r = 0; r < RB; r++)
+        for (int i = 0; i < NP; i++) {
+            __m512i isum = _mm512_add_epi32(acc[r][i][0], acc[r][i][1]);
+            __m512 dwdx = _mm512_mul_ps(dw[i], _mm512_set1_ps(a->d[(b + r) * groups + gi]));
+            _mm512_store_ps(accf[i][b + r], _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dwdx, _mm512_load_ps(accf[i][b + r])));
+        }
+}
+
+/* A few batch rows (several decode streams) at group 32, panels in pairs:
+ * each group's codes of both panels are loaded (and for W4 unpacked) into
+ * 16 registers once, then every batch row multiplies against them, so the
+ * weights cross the load ports once per step rather than once per block of
+ * rows. The float accumulators live in a small L1 buffer (one load and
+ * store per group and row) to leave the registers to the weights. Same
+ * operations per output as tile(), so the bits match. */
+VNNI INLINE void pair_rows_g32(const lp_igemm *g, bool w4, int64_t p, int NP) {
+    const lp_packed_geom *ge = &g->geom;
+    const lp_qact *a = g->a;
+    const int64_t groups = ge->groups, nb = g->nb;
+    const uint8_t *panel[2], *codes[2];
+    for (int i = 0; i < NP; i++) {
+        panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
+        codes[i] = panel[i] + (size_t)groups * 32;
+    }
+    const __m512i m4 = _mm512_set1_epi8(0x0f);
+    _Alignas(64) float accf[2][FEW_ROWS][16];
+    for (int i = 0; i < NP; i++)
+        for (int64_t b = 0; b < nb; b++) _mm512_store_ps(accf[i][b], _mm512_setzero_ps());
+    for (int64_t gi = 0; gi < groups; gi++) {
+        __m512i wv[2][8]; /* W4: lo, hi of 4 chunks; W8: 8 chunks */
+        __m512 dw[2];
+        for (int i = 0; i < NP; i++) {
+            const uint8_t *c = codes[i] + (size_t)gi * ge->code_bytes;
+            for (size_t o = 0; o < ge->code_bytes; o += 64) _mm_prefetch((const char *)c + PREFETCH_BYTES + o, _MM_HINT_T0);
+            if (w4) {
+                for (int k = 0; k < 4; k++) {
+                    __m512i raw = _mm512_loadu_si512(c + 64 * k);
+                    wv[i][2 * k] = _mm512_and_si512(raw, m4);
+                    wv[i][2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                }
+            } else {
+                for (int k = 0; k < 8; k++) wv[i][k] = _mm512_loadu_si512(c + 64 * k);
+            }
+            dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel[i] + (size_t)gi * 32)));
+        }
+        int64_t b = 0;
+        for (; b + 2 <= nb; b += 2) rows_g32(a, w4, wv, dw, NP, gi, b, 2, accf);
+        if (b < nb) rows_g32(a, w4, wv, dw, NP, gi, b, 1, accf);
+    }
+    for (int i = 0; i < NP; i++)
+        for (int64_t b = 0; b < nb; b++) store_rows(g, p + i, b, _mm512_load_ps(accf[i][b]));
+}
+
+VNNI INLINE void few_rows_g32(const lp_igemm *g, bool w4) {
+    int64_t p = g->p0;
+    for (; p + 2 <= g->p1; p += 2) pair_rows_g32(g, w4, p, 2);
+    if (p < g->p1) pair_rows_g32(g, w4, p, 1);
+}
+
 VNNI INLINE void gemm(const lp_igemm *g, bool w4) {
     int64_t b0 = 0;
     if (g->nb > 3 && g->nb <= FEW_ROWS) {
-        few_rows(g, w4);
+        if (g->geom.group == 32) few_rows_g32(g, w4);
+        else few_rows(g, w4);
         return;
     }
     if (g->nb <= 3) {
