@@ -153,6 +153,19 @@ static igemm_fn pick_kernel(int int_level, uint32_t type, int64_t nb) {
     }
 }
 
+typedef void (*quantize_fn)(const float *x, int64_t cols, int group, int offset, int8_t *q, float *d,
+                            int32_t *corr);
+
+/* The activation quantizer of a level (all bit-identical to the reference). */
+static quantize_fn pick_quantizer(int int_level) {
+#if defined(__x86_64__)
+    if (int_level == LP_INT_AVX512VNNI || int_level == LP_INT_AMX) return lp_quantize_act_avx512;
+    if (int_level == LP_INT_AVX2) return lp_quantize_act_avx2;
+#endif
+    (void)int_level;
+    return lp_quantize_act_ref;
+}
+
 /* ---- the threaded driver ------------------------------------------------------------ */
 
 /* One integer matmul pass: n weights (q, k, v, or gate, up) applied to the
@@ -181,11 +194,7 @@ static void quant_worker(void *ctx, int ti, int nt) {
     lp_split_range(job->nb, ti, nt, 1, &b0, &b1);
     int offset = job->W[0]->type == LP_W4 ? 8 : 128;
     const lp_qact *a = &job->a;
-    void (*quantize)(const float *, int64_t, int, int, int8_t *, float *, int32_t *) = lp_quantize_act_ref;
-#if defined(__x86_64__)
-    if (job->k->int_level == LP_INT_AVX512VNNI || job->k->int_level == LP_INT_AMX) quantize = lp_quantize_act_avx512;
-    else if (job->k->int_level == LP_INT_AVX2) quantize = lp_quantize_act_avx2;
-#endif
+    quantize_fn quantize = pick_quantizer(job->k->int_level);
     for (int64_t b = b0; b < b1; b++)
         quantize(job->X + b * job->x_stride, job->W[0]->cols, job->geom[0].group, offset, a->q + b * a->q_stride,
                  a->d + b * a->groups, a->corr + b * a->groups);
@@ -344,11 +353,7 @@ static void tasks_quant_worker(void *ctx, int ti, int nt) {
     const tasks_job *job = ctx;
     int64_t r0, r1;
     lp_split_range(job->first_row[job->n], ti, nt, 1, &r0, &r1);
-    void (*quantize)(const float *, int64_t, int, int, int8_t *, float *, int32_t *) = lp_quantize_act_ref;
-#if defined(__x86_64__)
-    if (job->k->int_level == LP_INT_AVX512VNNI || job->k->int_level == LP_INT_AMX) quantize = lp_quantize_act_avx512;
-    else if (job->k->int_level == LP_INT_AVX2) quantize = lp_quantize_act_avx2;
-#endif
+    quantize_fn quantize = pick_quantizer(job->k->int_level);
     for (int i = 0; i < job->n && r0 < r1; i++) {
         int64_t lo = r0 > job->first_row[i] ? r0 : job->first_row[i];
         int64_t hi = r1 < job->first_row[i + 1] ? r1 : job->first_row[i + 1];
