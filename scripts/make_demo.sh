@@ -120,18 +120,26 @@ stage_shared2() {
         -o "$WORK/shared2-adapter" 2> >(tee logs/adapters-shared2.log >&2)
 }
 
+# Trains task $1's adapter from checkpoint $3 up to step $4 (the LR schedule's
+# length), logging as logs/adapter-$2.log and timing as adapter-$2, then
+# writes its PEFT directory and .lpa.
+train_task() {
+    local t=$1 name=$2 resume=$3 steps=$4
+    timed "adapter-$name" "$LP" train-lora --base base.gguf \
+        --data "$WORK/world/tasks/$t.train.jsonl" "${LORA_OPTS[@]}" \
+        --resume "$resume" --steps "$steps" \
+        --checkpoint "$WORK/task-$t.ckpt" \
+        -o "adapters/$t" 2> >(tee "logs/adapter-$name.log" >&2)
+    "$LP" adapter compile "adapters/$t" --base base.gguf -o "adapters/$t.lpa"
+}
+
 stage_tasks() {
     cd "$OUT"
     local t steps
     for t in $TASKS; do
         steps=$TASK_STEPS
         [ "$t" = correct ] && steps=$CORRECT_STEPS
-        timed "adapter-$t" "$LP" train-lora --base base.gguf \
-            --data "$WORK/world/tasks/$t.train.jsonl" "${LORA_OPTS[@]}" \
-            --resume "$WORK/shared2.ckpt" --steps $((SHARED2_STEPS + steps)) \
-            --checkpoint "$WORK/task-$t.ckpt" \
-            -o "adapters/$t" 2> >(tee "logs/adapter-$t.log" >&2)
-        "$LP" adapter compile "adapters/$t" --base base.gguf -o "adapters/$t.lpa"
+        train_task "$t" "$t" "$WORK/shared2.ckpt" $((SHARED2_STEPS + steps))
     done
 }
 
@@ -146,13 +154,7 @@ stage_extend() {
     cd "$OUT"
     local t
     for t in $EXTEND_TASKS; do
-        timed "adapter-$t-extend" "$LP" train-lora --base base.gguf \
-            --data "$WORK/world/tasks/$t.train.jsonl" "${LORA_OPTS[@]}" \
-            --resume "$WORK/task-$t.ckpt" \
-            --steps $((SHARED2_STEPS + TASK_STEPS + EXTRA_STEPS)) \
-            --checkpoint "$WORK/task-$t.ckpt" \
-            -o "adapters/$t" 2> >(tee "logs/adapter-$t-extend.log" >&2)
-        "$LP" adapter compile "adapters/$t" --base base.gguf -o "adapters/$t.lpa"
+        train_task "$t" "$t-extend" "$WORK/task-$t.ckpt" $((SHARED2_STEPS + TASK_STEPS + EXTRA_STEPS))
     done
 }
 
@@ -164,13 +166,8 @@ stage_extend2() {
     cd "$OUT"
     local t
     for t in $EXTEND2_TASKS; do
-        timed "adapter-$t-extend2" "$LP" train-lora --base base.gguf \
-            --data "$WORK/world/tasks/$t.train.jsonl" "${LORA_OPTS[@]}" \
-            --resume "$WORK/task-$t.ckpt" \
-            --steps $((SHARED2_STEPS + TASK_STEPS + EXTRA_STEPS + EXTRA2_STEPS)) \
-            --checkpoint "$WORK/task-$t.ckpt" \
-            -o "adapters/$t" 2> >(tee "logs/adapter-$t-extend2.log" >&2)
-        "$LP" adapter compile "adapters/$t" --base base.gguf -o "adapters/$t.lpa"
+        train_task "$t" "$t-extend2" "$WORK/task-$t.ckpt" \
+            $((SHARED2_STEPS + TASK_STEPS + EXTRA_STEPS + EXTRA2_STEPS))
     done
 }
 

@@ -166,6 +166,27 @@ static quantize_fn pick_quantizer(int int_level) {
     return lp_quantize_act_ref;
 }
 
+/* Points a at nb rows of quantized activations in the scratch at s: the
+ * codes (rows of round64(cols) bytes), then the scales, then the
+ * corrections (act_row_bytes(cols, groups) * nb bytes in all). */
+static void place_qact(lp_qact *a, uint8_t *s, int64_t cols, int64_t groups, int64_t nb) {
+    a->q_stride = round64(cols);
+    a->groups = groups;
+    a->q = (int8_t *)s;
+    a->d = (float *)(s + (size_t)nb * (size_t)a->q_stride);
+    a->corr = (int32_t *)(a->d + nb * groups);
+}
+
+/* Quantizes rows [b0, b1) of X for weights of `type` into a. */
+static void quantize_rows(int int_level, uint32_t type, const float *X, int64_t x_stride, int64_t cols, int group,
+                          const lp_qact *a, int64_t b0, int64_t b1) {
+    quantize_fn quantize = pick_quantizer(int_level);
+    int offset = type == LP_W4 ? 8 : 128; /* the weight codes' bias */
+    for (int64_t b = b0; b < b1; b++)
+        quantize(X + b * x_stride, cols, group, offset, a->q + b * a->q_stride, a->d + b * a->groups,
+                 a->corr + b * a->groups);
+}
+
 /* ---- the threaded driver ------------------------------------------------------------ */
 
 /* One integer matmul pass: n weights (q, k, v, or gate, up) applied to the
@@ -192,12 +213,8 @@ static void quant_worker(void *ctx, int ti, int nt) {
     const int_job *job = ctx;
     int64_t b0, b1;
     lp_split_range(job->nb, ti, nt, 1, &b0, &b1);
-    int offset = job->W[0]->type == LP_W4 ? 8 : 128;
-    const lp_qact *a = &job->a;
-    quantize_fn quantize = pick_quantizer(job->k->int_level);
-    for (int64_t b = b0; b < b1; b++)
-        quantize(job->X + b * job->x_stride, job->W[0]->cols, job->geom[0].group, offset, a->q + b * a->q_stride,
-                 a->d + b * a->groups, a->corr + b * a->groups);
+    quantize_rows(job->k->int_level, job->W[0]->type, job->X, job->x_stride, job->W[0]->cols, job->geom[0].group,
+                  &job->a, b0, b1);
 }
 
 static void gemm_worker(void *ctx, int ti, int nt) {
@@ -272,12 +289,7 @@ static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_
         job->nb = n_batch - b0 < slice ? n_batch - b0 : slice;
         job->X = X + b0 * job->x_stride;
         for (int i = 0; i < job->n; i++) job->Y[i] = Y[i] + b0 * job->y_stride[i];
-        uint8_t *s = k->scratch;
-        job->a.q_stride = round64(job->W[0]->cols);
-        job->a.groups = job->geom[0].groups;
-        job->a.q = (int8_t *)s;
-        job->a.d = (float *)(s + (size_t)job->nb * (size_t)job->a.q_stride);
-        job->a.corr = (int32_t *)(job->a.d + job->nb * job->a.groups);
+        place_qact(&job->a, k->scratch, job->W[0]->cols, job->geom[0].groups, job->nb);
         /* Quantizing one or two rows is quicker than a pool round trip. */
         lp_threadpool_run(job->nb >= 4 ? gemm_pool : NULL, quant_worker, job);
         /* about 8 chunks per thread, whole 4-panel decode tiles */
@@ -353,17 +365,13 @@ static void tasks_quant_worker(void *ctx, int ti, int nt) {
     const tasks_job *job = ctx;
     int64_t r0, r1;
     lp_split_range(job->first_row[job->n], ti, nt, 1, &r0, &r1);
-    quantize_fn quantize = pick_quantizer(job->k->int_level);
     for (int i = 0; i < job->n && r0 < r1; i++) {
         int64_t lo = r0 > job->first_row[i] ? r0 : job->first_row[i];
         int64_t hi = r1 < job->first_row[i + 1] ? r1 : job->first_row[i + 1];
-        if (job->quantized_by[i] != i) continue;
+        if (job->quantized_by[i] != i || lo >= hi) continue;
         const lp_matmul_task *t = &job->t[i];
-        const lp_qact *a = &job->a[i];
-        int offset = t->W->type == LP_W4 ? 8 : 128;
-        for (int64_t b = lo - job->first_row[i]; b < hi - job->first_row[i]; b++)
-            quantize(t->X + b * t->x_stride, t->W->cols, job->geom[i].group, offset, a->q + b * a->q_stride,
-                     a->d + b * a->groups, a->corr + b * a->groups);
+        quantize_rows(job->k->int_level, t->W->type, t->X, t->x_stride, t->W->cols, job->geom[i].group, &job->a[i],
+                      lo - job->first_row[i], hi - job->first_row[i]);
     }
 }
 
@@ -408,15 +416,10 @@ bool lp_matmul_packed_tasks(const lp_kernels *k, lp_threadpool *pool, int n, con
             }
         if (job.quantized_by[i] != i) continue;
         /* this task's codes, scales and corrections in the scratch */
-        lp_qact *a = &job.a[i];
-        a->q_stride = round64(w->cols);
-        a->groups = job.geom[i].groups;
         /* each region 64-byte aligned, as the kernels' loads of codes expect */
-        size_t bytes = (size_t)round64((int64_t)(act_row_bytes(w->cols, a->groups) * (size_t)t[i].n_batch));
+        size_t bytes = (size_t)round64((int64_t)(act_row_bytes(w->cols, job.geom[i].groups) * (size_t)t[i].n_batch));
         if (bytes > (size_t)(end - s)) return false;
-        a->q = (int8_t *)s;
-        a->d = (float *)(s + (size_t)t[i].n_batch * (size_t)a->q_stride);
-        a->corr = (int32_t *)(a->d + t[i].n_batch * a->groups);
+        place_qact(&job.a[i], s, w->cols, job.geom[i].groups, t[i].n_batch);
         s += bytes;
     }
     /* Small passes run on the calling thread: waking the pool costs more. */

@@ -50,7 +50,7 @@ struct lp_context {
     float *xn;         /* [rows][max(dim, q_dim)] normalised input / attention output */
     float *q;          /* [rows][q_dim] */
     float *qkv;        /* [rows][q_dim + 2 kv_dim] output of a fused q|k|v matmul (or NULL) */
-    const float *q_rows; /* this layer's queries: ctx->q or inside qkv ... */
+    float *q_rows;       /* this layer's queries: ctx->q or inside qkv ... */
     int64_t q_stride;    /* ... with this row stride */
     float *k_new;      /* [layers][rows][kv_dim] this batch's keys (roped) */
     float *v_new;      /* [layers][rows][kv_dim] */

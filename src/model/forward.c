@@ -514,10 +514,9 @@ static void qkv_finish_row(const rows_task *t, int r) {
     const lp_hparams *hp = &ctx->model->hp;
     const lp_layer *L = &ctx->model->layers[t->layer];
     int64_t d = hp->head_dim, q_dim = hp->n_heads * d, kv_dim = hp->n_kv_heads * d;
-    float *q = ctx->q + r * q_dim, *k = t->k_new + r * kv_dim;
+    float *q = ctx->q_rows + r * ctx->q_stride, *k = t->k_new + r * kv_dim;
     if (L->wqkv.data) { /* q stays in the fused output; k/v move to the per-layer
                          * batch KV that attention and commits read */
-        q = ctx->qkv + r * (q_dim + 2 * kv_dim);
         memcpy(k, q + q_dim, (size_t)kv_dim * sizeof(float));
         memcpy(t->v_new + r * kv_dim, q + q_dim + kv_dim, (size_t)kv_dim * sizeof(float));
     }
