@@ -120,7 +120,7 @@ static void test_eval(void) {
     int32_t *tokens = NULL;
     int n = 0;
     CHECK(eval_tokenize(m, text, strlen(text), &tokens, &n, &err) == 0 && n >= 32);
-    eval_options o = {32, 1, 1};
+    eval_options o = {.chunk_tokens = 32, .max_chunks = 1, .threads = 1};
     eval_result r;
     CHECK_MSG(eval_run(m, m, tokens, n, &o, &r, &err) == 0, "%s", err.message);
     CHECK(r.n_chunks == 1 && r.n_scored == 15);
@@ -130,6 +130,21 @@ static void test_eval(void) {
     CHECK_MSG(eval_run(merged, m, tokens, n, &o, &r, &err) == 0, "%s", err.message);
     CHECK(r.kl_mean > 0 && r.kl_max >= r.kl_p99 && r.kl_p99 >= r.kl_median);
     CHECK(r.same_top_pct < 100 && r.dp_rms > 0);
+    /* an adapter at run time against the same adapter merged: the same model */
+    lp_adapter *lora = lp_adapter_load(m, LP_SHARED_MODELS "/stories260K-lora-r4-random-f32.gguf", 1.0f, &err);
+    CHECK_MSG(lora, "%s", err.message);
+    if (lora) {
+        o.adapter = lora;
+        CHECK_MSG(eval_run(m, merged, tokens, n, &o, &r, &err) == 0, "%s", err.message);
+        CHECK_MSG(r.kl_mean < 1e-6 && r.same_top_pct == 100, "adapter vs merged: KL %g", r.kl_mean);
+        /* adapter on both sides: identical; on one side only: different */
+        o.ref_adapter = lora;
+        CHECK(eval_run(m, m, tokens, n, &o, &r, &err) == 0 && r.kl_max == 0 && r.dp_rms == 0);
+        o.adapter = NULL;
+        CHECK(eval_run(m, m, tokens, n, &o, &r, &err) == 0 && r.kl_mean > 1e-4);
+        o.ref_adapter = NULL;
+        lp_adapter_free(lora);
+    }
     /* perplexity only */
     CHECK(eval_run(m, NULL, tokens, n, &o, &r, &err) == 0 && !r.has_ref);
     /* too short for one chunk: a clear error */

@@ -23,6 +23,7 @@
 int cli_eval(int argc, char **argv);
 
 typedef struct eval_options {
+    const lp_adapter *adapter, *ref_adapter; /* bound to slot 1 of each side, or NULL */
     int chunk_tokens;   /* C */
     int max_chunks;     /* 0 = all */
     int threads;        /* 0 = all cores */
@@ -80,7 +81,9 @@ static int eval_tokenize(const lp_model *model, const char *text, size_t len, in
     return 0;
 }
 
-static lp_context *eval_context(const lp_model *model, const eval_options *o, lp_error *err) {
+/* A context for one side; its rows use `adapter` (NULL: the base alone). */
+static lp_context *eval_context(const lp_model *model, const lp_adapter *adapter, const eval_options *o,
+                                lp_error *err) {
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = o->threads;
     cp.max_rows = o->chunk_tokens;
@@ -88,14 +91,20 @@ static lp_context *eval_context(const lp_model *model, const eval_options *o, lp
     cp.max_sequences = 1;
     cp.n_ctx = o->chunk_tokens;
     cp.max_seq_len = o->chunk_tokens;
-    return lp_context_create(model, &cp, err);
+    cp.max_adapters = 1;
+    lp_context *ctx = lp_context_create(model, &cp, err);
+    if (ctx && adapter && lp_context_bind_adapter(ctx, 1, adapter, err)) {
+        lp_context_free(ctx);
+        return NULL;
+    }
+    return ctx;
 }
 
 /* One chunk through one model: rows 0..C-1 chained, logits for rows >= first. */
 static int eval_chunk(lp_context *ctx, lp_row *rows, const int32_t *chunk, int c, int first,
-                      int32_t bos, lp_error *err) {
+                      int32_t bos, bool adapter, lp_error *err) {
     for (int i = 0; i < c; i++)
-        rows[i] = (lp_row){i == 0 && bos >= 0 ? bos : chunk[i], i, 0, 0, i - 1,
+        rows[i] = (lp_row){i == 0 && bos >= 0 ? bos : chunk[i], i, 0, adapter ? 1 : 0, i - 1,
                            i >= first && i < c - 1, false};
     lp_seq_clear(ctx, 0);
     return lp_forward(ctx, rows, c, err);
@@ -128,15 +137,15 @@ static int eval_run(const lp_model *model, const lp_model *ref, const int32_t *t
         lp_fail(err, "out of memory");
         goto out;
     }
-    if (!(ctx = eval_context(model, o, err))) goto out;
-    if (ref && !(rctx = eval_context(ref, o, err))) goto out;
+    if (!(ctx = eval_context(model, o->adapter, o, err))) goto out;
+    if (ref && !(rctx = eval_context(ref, o->ref_adapter, o, err))) goto out;
 
     double t0 = lp_now_seconds(), nll_sum = 0, ref_nll_sum = 0;
     size_t k = 0, same_top = 0;
     for (int ch = 0; ch < n_chunks; ch++) {
         const int32_t *chunk = tokens + (size_t)ch * (size_t)c;
-        if (eval_chunk(ctx, rows, chunk, c, first, bos, err)) goto out;
-        if (rctx && eval_chunk(rctx, rows, chunk, c, first, bos, err)) goto out;
+        if (eval_chunk(ctx, rows, chunk, c, first, bos, o->adapter != NULL, err)) goto out;
+        if (rctx && eval_chunk(rctx, rows, chunk, c, first, bos, o->ref_adapter != NULL, err)) goto out;
         for (int i = first; i < c - 1; i++, k++) {
             const float *lm = lp_logits(ctx, i);
             if (!lm) {
@@ -204,6 +213,11 @@ static void eval_usage(FILE *out) {
             "  -m, --model PATH     the model to evaluate\n"
             "      --ref PATH       reference model (same tokenizer): adds KL divergence,\n"
             "                       top-token agreement and probability changes\n"
+            "      --adapter A[:S]  run the model with this LoRA adapter (scaled by S)\n"
+            "      --ref-adapter A[:S]\n"
+            "                       run the reference with this adapter; without --ref the\n"
+            "                       reference is MODEL itself, e.g. an int4 adapter\n"
+            "                       against its f32 original on one base\n"
             "  -f, --file PATH      the text\n"
             "  -c, --ctx N          tokens per chunk (default 512); the second half of\n"
             "                       each chunk is scored, as llama.cpp's perplexity does\n"
@@ -248,7 +262,8 @@ static void print_result(const eval_result *r, const char *model, const char *re
 
 int cli_eval(int argc, char **argv) {
     const char *model_path = NULL, *ref_path = NULL, *text_path = NULL;
-    eval_options o = {512, 0, 0};
+    char *adapter_spec = NULL, *ref_adapter_spec = NULL;
+    eval_options o = {NULL, NULL, 512, 0, 0};
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -264,6 +279,8 @@ int cli_eval(int argc, char **argv) {
             return 2;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) model_path = argv[++i];
         else if (!strcmp(a, "--ref")) ref_path = argv[++i];
+        else if (!strcmp(a, "--adapter")) adapter_spec = argv[++i];
+        else if (!strcmp(a, "--ref-adapter")) ref_adapter_spec = argv[++i];
         else if (!strcmp(a, "-f") || !strcmp(a, "--file")) text_path = argv[++i];
         else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             if (!tool_parse_long(a, argv[++i], 4, 1 << 20, &v)) return 2;
@@ -290,10 +307,19 @@ int cli_eval(int argc, char **argv) {
     int32_t *tokens = NULL, *ref_tokens = NULL;
     int n_tokens = 0, n_ref_tokens = 0;
     lp_model *model = NULL, *ref = NULL;
+    lp_adapter *adapter = NULL, *ref_adapter = NULL;
     eval_result r;
     if (lp_read_file(text_path, &text, &len, (size_t)1 << 30, &err)) goto fail;
     if (!(model = lp_model_load(model_path, NULL, &err))) goto fail;
     if (ref_path && !(ref = lp_model_load(ref_path, NULL, &err))) goto fail;
+    if (ref_adapter_spec && !ref_path) {
+        /* the same base on both sides, only the adapters differ */
+        if (!(ref = lp_model_load(model_path, NULL, &err))) goto fail;
+        ref_path = model_path;
+    }
+    if (adapter_spec && !(o.adapter = adapter = tool_load_adapter(model, adapter_spec, &err))) goto fail;
+    if (ref_adapter_spec && !(o.ref_adapter = ref_adapter = tool_load_adapter(ref, ref_adapter_spec, &err)))
+        goto fail;
     if (ref && eval_same_vocab(model, ref, &err)) goto fail;
     if (eval_tokenize(model, text, len, &tokens, &n_tokens, &err)) goto fail;
     if (ref) {
@@ -315,6 +341,8 @@ out:
     free(text);
     free(tokens);
     free(ref_tokens);
+    lp_adapter_free(adapter);
+    lp_adapter_free(ref_adapter);
     lp_model_free(model);
     lp_model_free(ref);
     return rc;

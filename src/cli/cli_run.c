@@ -7,6 +7,7 @@
 
 #include "../base/base.h"
 #include "cli.h"
+#include "tools.h"
 
 #define MAX_STREAMS 64
 #define MAX_ADAPTERS 64
@@ -155,21 +156,6 @@ static int split_list(const char *s, char sep, char **copy, char **parts, int ma
         p = at + 1;
     }
     return n;
-}
-
-/* "path[:scale]" -> loaded adapter */
-static lp_adapter *load_adapter(const lp_model *model, char *spec, lp_error *err) {
-    float scale = 1.0f;
-    char *colon = strrchr(spec, ':');
-    if (colon && colon[1]) {
-        char *end;
-        double s = strtod(colon + 1, &end);
-        if (*end == 0) {
-            scale = (float)s;
-            *colon = 0;
-        }
-    }
-    return lp_adapter_load(model, spec, scale, err);
 }
 
 /* ---- output ----------------------------------------------------------------------- */
@@ -330,7 +316,7 @@ int cli_run(int argc, char **argv) {
         char spec[1024];
         snprintf(spec, sizeof spec, "%s", i < n_adapters ? adapter_specs[i] : o.adapter);
         double ta = lp_now_seconds();
-        adapters[i] = load_adapter(model, spec, &err);
+        adapters[i] = tool_load_adapter(model, spec, &err);
         if (!adapters[i] || lp_context_bind_adapter(ctx, i + 1, adapters[i], &err)) {
             rc = cli_fail(spec, &err);
             goto out;

@@ -12,6 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "loraplex.h"
+
 /* ---- summary statistics ------------------------------------------------------ */
 
 typedef struct tool_summary {
@@ -159,6 +161,21 @@ static inline void tool_json_string(FILE *f, const char *s) {
         else fputc(c, f);
     }
     fputc('"', f);
+}
+
+/* "path[:scale]" -> an adapter loaded for model (spec's colon is cut). */
+static inline lp_adapter *tool_load_adapter(const lp_model *model, char *spec, lp_error *err) {
+    float scale = 1.0f;
+    char *colon = strrchr(spec, ':');
+    if (colon && colon[1]) {
+        char *end;
+        double s = strtod(colon + 1, &end);
+        if (*end == 0) {
+            scale = (float)s;
+            *colon = 0;
+        }
+    }
+    return lp_adapter_load(model, spec, scale, err);
 }
 
 #endif
