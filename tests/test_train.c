@@ -516,6 +516,105 @@ static void test_peft_runtime(void) {
     lp_train_model_free(m);
 }
 
+/* Quantization-aware fine-tuning: an adapter loaded back into the trainer
+ * (--init-adapter) holds the exported weights exactly; the fake-quantized
+ * weights the QAT forward sees are bit for bit what the .lpa of that type
+ * stores (projections with inputs that are not a multiple of 32, stored
+ * F16, are left alone); restoring brings the FP32 weights back exactly. */
+static void test_qat(void) {
+    lp_error err;
+    lp_train_config c = {
+        .n_vocab = 512, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+        .ffn_dim = 48, .n_ctx = 64, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
+        .lora_rank = 4, .lora_alpha = 8, .lora_targets = (1u << LP_PROJ_COUNT) - 1,
+    };
+    lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
+    randomize(m, 99, 0.2f);
+    char path[512], dir[512], lpa[512];
+    snprintf(path, sizeof path, "%s/test_train_qat_base.gguf", LP_BINARY_DIR);
+    snprintf(dir, sizeof dir, "%s/test_train_qat_peft", LP_BINARY_DIR);
+    snprintf(lpa, sizeof lpa, "%s/test_train_qat.lpa", LP_BINARY_DIR);
+    CHECK(lp_train_export_gguf(m, path, LP_F32, vocab_path(), "base", &err) == 0);
+    CHECK(lp_train_export_peft(m, dir, "base", &err) == 0);
+    lp_model *rt = lp_model_load(path, NULL, &err);
+    lp_adapter *ad = rt ? lp_adapter_load(rt, dir, 1.0f, &err) : NULL;
+    CHECK_MSG(ad != NULL, "%s", err.message);
+    lp_train_config c2;
+    lp_train_model *m2 = NULL;
+    if (ad && lp_train_config_from_model(rt, &c2, &err) == 0 && lp_train_config_from_adapter(ad, &c2, &err) == 0) {
+        CHECK(c2.lora_rank == 4 && c2.lora_alpha == 8 && c2.lora_targets == c.lora_targets);
+        m2 = lp_train_model_create(&c2, LP_TRAIN_LORA, &err);
+    }
+    CHECK_MSG(m2 && lp_train_model_load_base(m2, rt, &err) == 0 && lp_train_lora_from_adapter(m2, ad, &err) == 0,
+              "%s", err.message);
+    int gi = lp_train_group_index(LP_TRAIN_LORA);
+    size_t n = m->group_size[gi];
+    CHECK(m2 && m2->group_size[gi] == n && !memcmp(m2->group[gi], m->group[gi], n * sizeof(float)));
+    float *keep = malloc(n * sizeof *keep);
+    static const uint32_t types[2] = {LP_W4, LP_W8};
+    for (int ti = 0; m2 && keep && ti < 2; ti++) {
+        CHECK_MSG(lp_adapter_write_lpa(ad, lpa, (int)types[ti], &err) == 0, "%s", err.message);
+        lp_adapter *stored = lp_adapter_load(rt, lpa, 1.0f, &err);
+        CHECK_MSG(stored && lp_train_fake_quantize_lora(m2, types[ti], keep, &err) == 0, "%s", err.message);
+        int same = 0, differ = 0, rounded = 0, untouched = 0;
+        float row[64];
+        for (int l = 0; stored && l < c.n_layers; l++)
+            for (int p = 0; p < LP_PROJ_COUNT; p++) {
+                const lp_lora_pair *pair = lp_adapter_pair(stored, l, (lp_proj)p);
+                const float *A = m2->w.layers[l].lora_a[p], *B = m2->w.layers[l].lora_b[p];
+                const float *A0 = m->w.layers[l].lora_a[p];
+                size_t in = lp_t_lora_rows_in(&c, p), out = lp_t_lora_rows_out(&c, p);
+                bool packed = pair->A.type == types[ti];
+                CHECK(packed == (in % 32 == 0));
+                for (int r = 0; r < 4; r++) {
+                    lp_weight_dequantize_row(&pair->A, r, row);
+                    for (size_t k = 0; k < in; k++) {
+                        if (!packed) {
+                            untouched += A[r * in + k] == A0[r * in + k];
+                            continue;
+                        }
+                        if (A[r * in + k] == row[k]) same++;
+                        else differ++;
+                        rounded += A[r * in + k] != A0[r * in + k];
+                    }
+                }
+                for (size_t o = 0; packed && o < out; o++) {
+                    lp_weight_dequantize_row(&pair->B, (int64_t)o, row);
+                    for (int r = 0; r < 4; r++) {
+                        if (B[o * 4 + r] == row[r]) same++;
+                        else differ++;
+                    }
+                }
+            }
+        printf("qat %s: %d values as stored, %d differ, %d rounded, %d left (F16 projections)\n",
+               lp_dtype_name(types[ti]), same, differ, rounded, untouched);
+        CHECK(same > 0 && differ == 0 && rounded > same / 4 && untouched == 2 * 4 * 48);
+        lp_train_restore_lora(m2, keep);
+        CHECK(!memcmp(m2->group[gi], m->group[gi], n * sizeof(float)));
+        lp_adapter_free(stored);
+    }
+    /* an adapter the trainer cannot hold (mixed ranks) is refused clearly */
+    if (ad) {
+        lp_adapter_pair(ad, 1, LP_PROJ_V)->rank = 2;
+        lp_train_config c3 = c2;
+        CHECK(lp_train_config_from_adapter(ad, &c3, &err) < 0 && strstr(err.message, "ranks"));
+        lp_adapter_pair(ad, 1, LP_PROJ_V)->rank = 4;
+    }
+    free(keep);
+    lp_train_model_free(m2);
+    lp_adapter_free(ad);
+    lp_model_free(rt);
+    remove(path);
+    remove(lpa);
+    char file[600];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    remove(file);
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    remove(file);
+    rmdir(dir);
+    lp_train_model_free(m);
+}
+
 /* The PEFT directory: config keys and tensor shapes, and q/k B rows in HF order. */
 static void test_export_peft(void) {
     lp_error err;
@@ -778,6 +877,7 @@ int main(void) {
     test_export_gguf(pool);
     test_export_peft();
     test_peft_runtime();
+    test_qat();
     test_jsonl();
     test_gemm_levels();
     test_packing();

@@ -21,7 +21,8 @@ int cli_quantize(int argc, char **argv);
 typedef struct train_opts {
     bool lora;
     const char *vocab, *text, *data, *eval, *base, *out, *checkpoint, *resume, *targets;
-    const char *init_from;
+    const char *init_from, *init_adapter, *qat;
+    uint32_t qat_type; /* LP_W4 / LP_W8 with --qat, else 0 */
     long dim, layers, heads, kv_heads, ffn, ctx, rank;
     long steps, batch, seq, warmup, seed, threads, eval_every, log_every, ckpt_every, eval_match;
     double lr, min_lr, wd, clip, theta, alpha;
@@ -53,7 +54,13 @@ static void train_usage(FILE *out, bool lora) {
             "state:   --checkpoint FILE --checkpoint-every K  --resume FILE (model, optimizer,\n"
             "         RNG and step from the checkpoint; --steps may extend the run)\n"
             "         --init-from FILE (train-lora: LoRA weights from a checkpoint, a fresh\n"
-            "         optimizer, schedule and RNG from these options: warm starts)\n");
+            "         optimizer, schedule and RNG from these options: warm starts)\n"
+            "         --init-adapter PATH (train-lora: start from an adapter, PEFT dir, GGUF\n"
+            "         or .lpa, taking its rank, alpha and targets)\n"
+            "quant:   --qat i4|i8 (train-lora: quantization-aware fine-tuning: every forward\n"
+            "         sees the adapter as `adapter compile --dtype i4|i8` will store it, and\n"
+            "         the gradient updates the FP32 weights; eval numbers are for the\n"
+            "         rounded adapter; export stays FP32, compile it with that --dtype)\n");
 }
 
 static bool is_flag(const char *a) {
@@ -88,6 +95,7 @@ static int parse_train_opts(int argc, char **argv, train_opts *o) {
             {"--eval", &o->eval}, {"--base", &o->base}, {"-o", &o->out},
             {"--checkpoint", &o->checkpoint}, {"--resume", &o->resume},
             {"--targets", &o->targets}, {"--init-from", &o->init_from},
+            {"--init-adapter", &o->init_adapter}, {"--qat", &o->qat},
         };
         bool done = false;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -118,7 +126,28 @@ static int parse_train_opts(int argc, char **argv, train_opts *o) {
             return 2;
         }
     }
+    if (o->qat) {
+        o->qat_type = !strcmp(o->qat, "i4") ? LP_W4 : !strcmp(o->qat, "i8") ? LP_W8 : 0;
+        if (!o->qat_type || !o->lora) {
+            fprintf(stderr, "loraplex %s: --qat takes i4 or i8, and only with train-lora\n",
+                    o->lora ? "train-lora" : "train");
+            return 2;
+        }
+    }
+    if (o->init_adapter && (!o->lora || o->init_from || o->resume)) {
+        fprintf(stderr, "loraplex: --init-adapter is for train-lora, without --init-from or --resume\n");
+        return 2;
+    }
     return 0;
+}
+
+/* With --qat: the LoRA weights the forward passes see are the rounded ones
+ * (qat.c); keep holds the FP32 weights in between. */
+static int qat_enter(const train_opts *o, lp_train_model *m, float *keep, lp_error *err) {
+    return o->qat_type ? lp_train_fake_quantize_lora(m, o->qat_type, keep, err) : 0;
+}
+static void qat_leave(const train_opts *o, lp_train_model *m, const float *keep) {
+    if (o->qat_type) lp_train_restore_lora(m, keep);
 }
 
 /* ---- evaluation ----------------------------------------------------------------- */
@@ -190,22 +219,29 @@ static int train_loop(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng *r
         lp_train_batch_free(&bb);
         return cli_fail("train", &err);
     }
+    float *keep = NULL;
+    if (o->qat_type && !(keep = malloc(m->group_size[lp_train_group_index(LP_TRAIN_LORA)] * sizeof *keep))) {
+        lp_train_batch_free(&bb);
+        return cli_fail("train", &(lp_error){"out of memory"});
+    }
     bool tty = isatty(2);
     double t0 = lp_now_seconds();
     long start = opt->step, tokens_per_step = o->batch * o->seq;
     int rc = 0;
     for (long step = opt->step; step < o->steps; step++) {
-        if (lp_train_batch_sample(&bb, train, rng, &err) < 0) {
+        if (lp_train_batch_sample(&bb, train, rng, &err) < 0 || qat_enter(o, m, keep, &err) < 0) {
             rc = cli_fail("train", &err);
             break;
         }
         double loss = lp_train_forward(m, &bb.batch, &err);
         if (isnan(loss)) {
+            qat_leave(o, m, keep);
             rc = cli_fail("train", &err);
             break;
         }
         lp_train_zero_grad(m);
         lp_train_backward(m, &bb.batch);
+        qat_leave(o, m, keep); /* the gradient at the rounded point updates the FP32 weights */
         float lr = lp_train_lr(&opt->cfg, opt->step);
         float norm = lp_adamw_step(opt, m);
         long done = step + 1 - start;
@@ -219,6 +255,10 @@ static int train_loop(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng *r
                     tty ? "   " : "\n");
         bool last = step + 1 == o->steps;
         if (eval && o->eval_every > 0 && ((step + 1) % o->eval_every == 0 || last)) {
+            if (qat_enter(o, m, keep, &err) < 0) {
+                rc = cli_fail("train", &err);
+                break;
+            }
             double el = eval_loss(m, &bb, eval);
             if (tty) fputc('\n', stderr);
             fprintf(stderr, "eval step %ld: loss %.4f", step + 1, el);
@@ -226,6 +266,7 @@ static int train_loop(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng *r
                 fprintf(stderr, " | exact match %.1f%%",
                         100.0 * eval_exact_match(m, eval, (int)o->eval_match, (int)o->seq));
             fputc('\n', stderr);
+            qat_leave(o, m, keep);
         }
         if (o->checkpoint && ((o->ckpt_every > 0 && (step + 1) % o->ckpt_every == 0) || last)) {
             if (lp_checkpoint_save(o->checkpoint, m, opt, rng, &err) < 0) {
@@ -235,6 +276,7 @@ static int train_loop(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng *r
         }
     }
     if (tty) fputc('\n', stderr);
+    free(keep);
     lp_train_batch_free(&bb);
     (void)tok;
     return rc;
@@ -381,6 +423,7 @@ int cli_train_lora(int argc, char **argv) {
     lp_error err;
     lp_model *base = lp_model_load(o.base, NULL, &err);
     if (!base) return cli_fail(o.base, &err);
+    lp_adapter *init = NULL;
     lp_train_model *m = NULL;
     lp_adamw opt = {0};
     lp_rng rng;
@@ -416,6 +459,14 @@ int cli_train_lora(int argc, char **argv) {
         }
         c.lora_rank = (int)o.rank;
         c.lora_alpha = (float)o.alpha;
+        if (o.init_adapter) {
+            /* rank, alpha and targets are the adapter's */
+            if (!(init = lp_adapter_load(base, o.init_adapter, 1.0f, &err)) ||
+                lp_train_config_from_adapter(init, &c, &err) < 0) {
+                cli_fail(o.init_adapter, &err);
+                goto done;
+            }
+        }
         m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
         lp_adamw_config a = opts_adamw(&o);
         if (!m || lp_train_model_load_base(m, base, &err) < 0 ||
@@ -424,12 +475,20 @@ int cli_train_lora(int argc, char **argv) {
             goto done;
         }
         lp_train_model_init(m, LP_TRAIN_LORA, (uint64_t)o.seed);
+        if (init && lp_train_lora_from_adapter(m, init, &err) < 0) {
+            cli_fail(o.init_adapter, &err);
+            goto done;
+        }
+        if (init)
+            fprintf(stderr, "initialized from %s (rank %d, alpha %g)\n", o.init_adapter, c.lora_rank,
+                    (double)c.lora_alpha);
         lp_rng_seed(&rng, (uint64_t)o.seed);
     }
     rc = run_training(&o, m, &opt, &rng, base->tok, o.base);
 done:
     lp_adamw_free(&opt);
     lp_train_model_free(m);
+    lp_adapter_free(init);
     lp_model_free(base);
     return rc;
 }

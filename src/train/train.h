@@ -155,6 +155,20 @@ const float *lp_train_logits(const lp_train_model *m, int i);
 void lp_train_backward(lp_train_model *m, const lp_train_batch *b);
 void lp_train_zero_grad(lp_train_model *m);
 
+/* ---- quantization-aware LoRA fine-tuning (qat.c) --------------------------- */
+
+/* Sets cfg's LoRA rank, alpha and targets from an adapter loaded for the
+ * same base (one rank and scale throughout, the same projections in every
+ * layer), and copies its A and B into a model made from that config. */
+int lp_train_config_from_adapter(const lp_adapter *a, lp_train_config *cfg, lp_error *err);
+int lp_train_lora_from_adapter(lp_train_model *m, const lp_adapter *a, lp_error *err);
+/* Saves the LoRA group into keep (group_size floats) and replaces it with
+ * the values an .lpa of `type` (LP_W4 / LP_W8) would hold; restore puts the
+ * saved weights back. Between the two, a forward and backward pass take the
+ * gradient at the rounded point (straight-through). */
+int lp_train_fake_quantize_lora(lp_train_model *m, uint32_t type, float *keep, lp_error *err);
+void lp_train_restore_lora(lp_train_model *m, const float *keep);
+
 /* ---- optimizer ----------------------------------------------------------- */
 
 typedef struct lp_adamw_config {
