@@ -265,7 +265,7 @@ static void test_matmul(void) {
         {LP_W4, 32, 70, 320}, {LP_W8, 32, 37, 96},  {LP_W8, 96, 21, 96},    {LP_W8, 256, 100, 256},
         {LP_W8, 64, 48, 192},
     };
-    static const int64_t batches[] = {1, 3, 4, 5, 6, 7, 8, 9, 17, 64}; /* decode, few streams (4..9), prefill */
+    static const int64_t batches[] = {1, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 64}; /* decode, few streams (4..16), prefill */
     const int64_t max_b = 64, max_c = 320, max_r = 103; /* rows + 3 of stride slack */
     float *X = rand_normal(&rng, max_b * max_c, 1.0f);
     for (int64_t i = 0; i < max_c; i += 7) X[i] *= 20.0f; /* activation outliers */

@@ -7,7 +7,9 @@
  *      runs the integer GEMM kernel of its level: exact int32 dot products
  *      per group, scaled in float (see lp_igemm in kernels_internal.h).
  *      At LP_INT_AMX, batches of LP_AMX_MIN_BATCH rows or more take the AMX
- *      tile kernel and smaller ones the AVX-512 VNNI kernel.
+ *      tile kernel, and at group 32 so do decode batches from
+ *      LP_AMX_STREAM_MIN rows (its streaming path); smaller ones take the
+ *      AVX-512 VNNI kernel.
  * Batch invariance: every kernel computes each output element with the
  * same operations in the same order (exact integer group sums, then one
  * fma per group in group order), and activation rows are quantized one by
@@ -136,12 +138,13 @@ void lp_w8_gemm_ref(const lp_igemm *g) { gemm_ref(g, false); }
 
 typedef void (*igemm_fn)(const lp_igemm *g);
 
-static igemm_fn pick_kernel(int int_level, uint32_t type, int64_t nb) {
+static igemm_fn pick_kernel(int int_level, uint32_t type, int group, int64_t nb) {
     bool w4 = type == LP_W4;
     switch (int_level) {
 #if defined(__x86_64__)
     case LP_INT_AMX:
-        if (nb >= LP_AMX_MIN_BATCH) return w4 ? lp_w4_gemm_amx : lp_w8_gemm_amx;
+        if (nb >= LP_AMX_MIN_BATCH || (group == 32 && nb >= LP_AMX_STREAM_MIN))
+            return w4 ? lp_w4_gemm_amx : lp_w8_gemm_amx;
         return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
     case LP_INT_AVX2: return w4 ? lp_w4_gemm_avx2 : lp_w8_gemm_avx2;
     case LP_INT_AVX512VNNI: return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
@@ -221,7 +224,7 @@ static void gemm_worker(void *ctx, int ti, int nt) {
     (void)ti;
     (void)nt;
     int_job *job = ctx;
-    igemm_fn kernel = pick_kernel(job->k->int_level, job->W[0]->type, job->nb);
+    igemm_fn kernel = pick_kernel(job->k->int_level, job->W[0]->type, job->geom[0].group, job->nb);
     for (;;) {
         int64_t p0 = atomic_fetch_add_explicit(&job->next_panel, job->chunk, memory_order_relaxed);
         if (p0 >= job->total_panels) break;
@@ -386,7 +389,7 @@ static void tasks_gemm_worker(void *ctx, int ti, int nt) {
         if (p0 >= p1) continue;
         lp_igemm g = {t->W->data, job->geom[i], t->W->rows, p0, p1, &job->a[job->quantized_by[i]], t->n_batch, t->Y,
                       t->y_stride};
-        pick_kernel(job->k->int_level, t->W->type, t->n_batch)(&g);
+        pick_kernel(job->k->int_level, t->W->type, job->geom[i].group, t->n_batch)(&g);
     }
 }
 
