@@ -708,6 +708,33 @@ static void test_ops(void) {
         CHECK_MSG(bad_soft == 0, "softmax %s: %d values off", levels[l].name, bad_soft);
         CHECK_MSG(bad_silu == 0, "silu_mul %s: %d values off", levels[l].name, bad_silu);
     }
+
+    /* every level's grouped attention kernels: the bits of its dot_f32 and
+     * axpy_f32 called pair by pair (head dims with and without a tail, 1 to
+     * 9 heads so the 4-head register blocks end anywhere) */
+    for (int l = 0; l < n_levels; l++) {
+        const lp_kernels *k = &levels[l].k;
+        int bad_scores = 0, bad_mix = 0;
+        static const int dims[] = {8, 48, 64, 100, 128};
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int nq = 1; nq <= 9; nq += 2) {
+                int d = dims[di], nk = 7;
+                if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
+                /* q: nq heads of d; keys/values: nk rows of d (from x and w) */
+                float s1[9 * 7], s2[9 * 7], o1[9 * 128], o2[9 * 128];
+                k->attn_scores(x, d, nq, w, nk, d, 0.125f, s1, nk);
+                for (int h = 0; h < nq; h++)
+                    for (int j = 0; j < nk; j++) s2[h * nk + j] = k->dot_f32(x + h * d, w + j * d, d) * 0.125f;
+                bad_scores += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
+                for (int i = 0; i < nq * d; i++) o1[i] = o2[i] = x[i + 3];
+                k->attn_mix(o1, d, nq, s1, nk, x + 17, nk, d);
+                for (int h = 0; h < nq; h++)
+                    for (int j = 0; j < nk; j++) k->axpy_f32(o2 + h * d, s1[h * nk + j], x + 17 + j * d, d);
+                bad_mix += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
+            }
+        CHECK_MSG(bad_scores == 0, "attn_scores %s: %d cases differ from dot_f32", levels[l].name, bad_scores);
+        CHECK_MSG(bad_mix == 0, "attn_mix %s: %d cases differ from axpy_f32", levels[l].name, bad_mix);
+    }
 }
 
 int main(void) {

@@ -22,6 +22,8 @@ void lp_kernels_init_reference(lp_kernels *k) {
     k->axpy_f32 = lp_axpy;
     k->softmax = lp_softmax;
     k->silu_mul = lp_silu_mul;
+    k->attn_scores = lp_attn_scores;
+    k->attn_mix = lp_attn_mix;
     k->level = 0;
     k->int_level = LP_INT_REF;
     k->int8_activations = true;
@@ -38,9 +40,12 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->axpy_f32 = lp_axpy_avx512;
         k->softmax = lp_softmax_avx512;
         k->silu_mul = lp_silu_mul_avx512;
+        k->attn_scores = lp_attn_scores_avx512;
+        k->attn_mix = lp_attn_mix_avx512;
     } else if (avx2) {
         k->level = 1;
         k->dot_f32 = lp_dot_f32_avx2;
+        k->attn_scores = lp_attn_scores_avx2;
     }
     if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni)
         k->int_level = lp_amx_available() ? LP_INT_AMX : LP_INT_AVX512VNNI;

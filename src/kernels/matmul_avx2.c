@@ -88,6 +88,12 @@ AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) {
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
+AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const float *k, int nk, int64_t d,
+                              float scale, float *s, int64_t s_stride) {
+    for (int j = 0; j < nk; j++)
+        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_avx2(q + h * q_stride, k + j * d, d) * scale;
+}
+
 /* Q4_0 / Q8_0 decoders: integer codes widen to int32, convert exactly to
  * float and take one multiply by d, as the reference does (same bits). */
 AVX2 void lp_dequant_q4_0_avx2(const uint8_t *src, float *dst, int64_t blocks) {

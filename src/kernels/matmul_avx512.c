@@ -88,7 +88,7 @@ AVX512 void lp_f16_to_f32_row_avx512(const uint16_t *src, float *dst, int64_t n)
     }
 }
 
-AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) {
+AVX512 INLINE float dot_avx512(const float *a, const float *b, int64_t n) {
     __m512 s0 = _mm512_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 64 <= n; i += 64) {
@@ -104,6 +104,48 @@ AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) {
     }
     return _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(s0, s1), _mm512_add_ps(s2, s3)));
 }
+AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) { return dot_avx512(a, b, n); }
+
+/* lp_attn_scores with dot_avx512 per pair (so the bits of dot_f32): the
+ * gain over one call per pair is the key read once per head group and no
+ * call or KV address arithmetic in the loop. */
+AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const float *k, int nk, int64_t d,
+                                  float scale, float *s, int64_t s_stride) {
+    for (int j = 0; j < nk; j++)
+        for (int h = 0; h < nq; h++) s[h * s_stride + j] = dot_avx512(q + h * q_stride, k + j * d, d) * scale;
+}
+
+/* lp_attn_mix: up to 4 heads x 64 floats of output stay in registers while
+ * every value row passes (one load per row and chunk instead of a load and
+ * store of the output per head and row); per element the same multiply
+ * then add, in the same order, as lp_axpy_avx512. */
+AVX512 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride,
+                               const float *v, int nk, int64_t d) {
+    for (int h0 = 0; h0 < nq; h0 += 4) {
+        int hn = nq - h0 < 4 ? nq - h0 : 4;
+        for (int64_t c = 0; c < d; c += 64) {
+            __mmask16 m[4];
+            for (int i = 0; i < 4; i++) {
+                int64_t left = d - c - 16 * i;
+                m[i] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+            }
+            __m512 acc[4][4];
+            for (int h = 0; h < hn; h++)
+                for (int i = 0; i < 4; i++) acc[h][i] = _mm512_maskz_loadu_ps(m[i], out + (h0 + h) * out_stride + c + 16 * i);
+            for (int j = 0; j < nk; j++) {
+                __m512 vj[4];
+                for (int i = 0; i < 4; i++) vj[i] = _mm512_maskz_loadu_ps(m[i], v + j * d + c + 16 * i);
+                for (int h = 0; h < hn; h++) {
+                    __m512 pv = _mm512_set1_ps(p[(h0 + h) * p_stride + j]);
+                    for (int i = 0; i < 4; i++) acc[h][i] = _mm512_add_ps(acc[h][i], _mm512_mul_ps(pv, vj[i]));
+                }
+            }
+            for (int h = 0; h < hn; h++)
+                for (int i = 0; i < 4; i++) _mm512_mask_storeu_ps(out + (h0 + h) * out_stride + c + 16 * i, m[i], acc[h][i]);
+        }
+    }
+}
+
 /* y += a * x as a multiply then an add (no fma), like the reference. */
 AVX512 void lp_axpy_avx512(float *y, float a, const float *x, int64_t n) {
     __m512 av = _mm512_set1_ps(a);

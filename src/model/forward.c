@@ -148,7 +148,8 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     size_t q_dim = (size_t)hp->n_heads * (size_t)hp->head_dim;
     size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
     size_t wide = q_dim > (size_t)hp->dim ? q_dim : (size_t)hp->dim;
-    size_t score_len = (size_t)ctx->params.max_seq_len + rows;
+    /* one row's scores for the query heads of one KV head */
+    size_t score_len = ((size_t)ctx->params.max_seq_len + rows) * (size_t)(hp->n_heads / hp->n_kv_heads);
     bool ok = true;
     ctx->x = plan_alloc(rows * (size_t)hp->dim, sizeof(float), &ok);
     ctx->xn = plan_alloc(rows * wide, sizeof(float), &ok);
@@ -317,52 +318,57 @@ typedef struct attention_task {
     int layer;
 } attention_task;
 
-/* One (row, head): softmax(q·K/sqrt(d)) V over the sequence's committed
- * entries followed by the row's parent chain (nearest last). */
-static void attend_one(lp_context *ctx, int layer, int r, int h, float *scores) {
+/* One row and one KV head, for the query heads that share it (grouped-
+ * query attention): softmax(q·K/sqrt(d)) V over the sequence's committed
+ * entries, block by block, followed by the row's parent chain (nearest
+ * last). Each key and value row is read once for all those heads. */
+static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores) {
     const lp_hparams *hp = &ctx->model->hp;
     const lp_kv_cache *kv = &ctx->kv;
-    int d = hp->head_dim, g = h / (hp->n_heads / hp->n_kv_heads);
+    int d = hp->head_dim, per = hp->n_heads / hp->n_kv_heads, h0 = g * per;
     size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)d, rows = (size_t)ctx->params.max_rows;
-    const float *q = ctx->q_rows + (size_t)r * (size_t)ctx->q_stride + (size_t)h * (size_t)d;
+    const float *q = ctx->q_rows + (size_t)r * (size_t)ctx->q_stride + (size_t)h0 * (size_t)d;
     const lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
     float scale = 1.0f / sqrtf((float)d);
-    int n = 0;
-    for (int t = 0; t < s->length; t++) {
-        const float *k = lp_kv_key(kv, s->blocks[t / kv->block_tokens], layer, g,
-                                   t % kv->block_tokens);
-        scores[n++] = ctx->kern.dot_f32(q, k, d) * scale;
-    }
     const float *k_batch = ctx->k_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
     const float *v_batch = ctx->v_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
-    /* The chain is walked from the row upwards; scores are stored in that
-     * order after the committed ones and read back the same way. */
-    for (int a = r; a >= 0; a = ctx->rows[a].parent)
-        scores[n++] = ctx->kern.dot_f32(q, k_batch + (size_t)a * kv_dim, d) * scale;
-    ctx->kern.softmax(scores, n);
-
-    float *out = ctx->xn + ((size_t)r * hp->n_heads + (size_t)h) * (size_t)d;
-    memset(out, 0, (size_t)d * sizeof(float));
-    n = 0;
-    for (int t = 0; t < s->length; t++) {
-        const float *v = lp_kv_value(kv, s->blocks[t / kv->block_tokens], layer, g,
-                                     t % kv->block_tokens);
-        ctx->kern.axpy_f32(out, scores[n++], v, d);
+    /* scores of head h0 + i at scores[i * n_all ...]: committed, then chain */
+    int n_all = s->length;
+    for (int a = r; a >= 0; a = ctx->rows[a].parent) n_all++;
+    int bt = kv->block_tokens;
+    for (int t = 0; t < s->length; t += bt) {
+        int nk = s->length - t < bt ? s->length - t : bt;
+        const float *k = lp_kv_key(kv, s->blocks[t / bt], layer, g, 0);
+        ctx->kern.attn_scores(q, d, per, k, nk, d, scale, scores + t, n_all);
     }
-    for (int a = r; a >= 0; a = ctx->rows[a].parent)
-        ctx->kern.axpy_f32(out, scores[n++], v_batch + (size_t)a * kv_dim, d);
+    int n = s->length;
+    for (int a = r; a >= 0; a = ctx->rows[a].parent, n++)
+        ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, 1, d, scale, scores + n, n_all);
+    for (int i = 0; i < per; i++) ctx->kern.softmax(scores + (size_t)i * (size_t)n_all, n_all);
+
+    float *out = ctx->xn + ((size_t)r * hp->n_heads + (size_t)h0) * (size_t)d;
+    memset(out, 0, (size_t)per * (size_t)d * sizeof(float));
+    for (int t = 0; t < s->length; t += bt) {
+        int nk = s->length - t < bt ? s->length - t : bt;
+        const float *v = lp_kv_value(kv, s->blocks[t / bt], layer, g, 0);
+        ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, nk, d);
+    }
+    n = s->length;
+    for (int a = r; a >= 0; a = ctx->rows[a].parent, n++)
+        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, 1, d);
 }
 
 static void attention_worker(void *arg, int thread, int n_threads) {
     attention_task *task = arg;
     lp_context *ctx = task->ctx;
-    int n_heads = ctx->model->hp.n_heads;
-    float *scores = ctx->scores + (size_t)thread * ((size_t)ctx->params.max_seq_len +
-                                                    (size_t)ctx->params.max_rows);
+    const lp_hparams *hp = &ctx->model->hp;
+    int n_kv = hp->n_kv_heads;
+    size_t per_thread = ((size_t)ctx->params.max_seq_len + (size_t)ctx->params.max_rows) *
+                        (size_t)(hp->n_heads / n_kv);
+    float *scores = ctx->scores + (size_t)thread * per_thread;
     int64_t begin, end;
-    lp_split_range((int64_t)ctx->n_rows * n_heads, thread, n_threads, 1, &begin, &end);
-    for (int64_t i = begin; i < end; i++)
-        attend_one(ctx, task->layer, (int)(i / n_heads), (int)(i % n_heads), scores);
+    lp_split_range((int64_t)ctx->n_rows * n_kv, thread, n_threads, 1, &begin, &end);
+    for (int64_t i = begin; i < end; i++) attend_group(ctx, task->layer, (int)(i / n_kv), (int)(i % n_kv), scores);
 }
 
 /* ---- adapters ------------------------------------------------------------------------------ */
