@@ -456,6 +456,16 @@ static void test_export_gguf(lp_threadpool *pool) {
     }
 }
 
+/* Removes a PEFT directory written by lp_train_export_peft. */
+static void remove_peft_dir(const char *dir) {
+    char file[600];
+    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
+    remove(file);
+    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
+    remove(file);
+    rmdir(dir);
+}
+
 /* A trained LoRA exported as PEFT and loaded by the runtime's adapter
  * loader reproduces the trainer's logits (q/k row order, scale, layouts). */
 static void test_peft_runtime(void) {
@@ -507,12 +517,7 @@ static void test_peft_runtime(void) {
     }
     lp_model_free(rt);
     remove(path);
-    char file[600];
-    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
-    remove(file);
-    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
-    remove(file);
-    rmdir(dir);
+    remove_peft_dir(dir);
     lp_train_model_free(m);
 }
 
@@ -606,12 +611,7 @@ static void test_qat(void) {
     lp_model_free(rt);
     remove(path);
     remove(lpa);
-    char file[600];
-    snprintf(file, sizeof file, "%s/adapter_model.safetensors", dir);
-    remove(file);
-    snprintf(file, sizeof file, "%s/adapter_config.json", dir);
-    remove(file);
-    rmdir(dir);
+    remove_peft_dir(dir);
     lp_train_model_free(m);
 }
 
