@@ -47,15 +47,23 @@ int lp_train_config_from_adapter(const lp_adapter *a, lp_train_config *c, lp_err
 /* Copies the adapter's A and B (any stored type, B without its padding). */
 int lp_train_lora_from_adapter(lp_train_model *m, const lp_adapter *a, lp_error *err) {
     const lp_train_config *c = &m->cfg;
-    float *row = lp_alloc((size_t)(c->ffn_dim > c->dim ? c->ffn_dim : c->dim) * 2 * sizeof(float) + 64 * 4);
+    int64_t widest_b = 0; /* a packed B row is wider than the rank */
+    for (int i = 0; i < c->n_layers * LP_PROJ_COUNT; i++)
+        if (a->pairs[i].B.cols > widest_b) widest_b = a->pairs[i].B.cols;
+    float *row = lp_alloc((size_t)(widest_b > 0 ? widest_b : 1) * sizeof(float));
     if (!row) return lp_fail(err, "out of memory");
-    for (int l = 0; l < c->n_layers; l++)
-        for (int p = 0; p < LP_PROJ_COUNT; p++) {
+    int rc = 0;
+    for (int l = 0; l < c->n_layers && rc == 0; l++)
+        for (int p = 0; p < LP_PROJ_COUNT && rc == 0; p++) {
             float *A = m->w.layers[l].lora_a[p], *B = m->w.layers[l].lora_b[p];
             if (!A) continue;
             const lp_lora_pair *pair = lp_adapter_pair(a, l, (lp_proj)p);
             int r = c->lora_rank;
             size_t in = lp_t_lora_rows_in(c, p), out = lp_t_lora_rows_out(c, p);
+            if (pair->rank != r || (size_t)pair->A.cols != in || (size_t)pair->B.rows != out) {
+                rc = lp_fail(err, "%s: layer %d projection %d does not match the trainer's shapes", a->name, l, p);
+                break;
+            }
             for (int i = 0; i < r; i++) lp_weight_dequantize_row(&pair->A, i, A + (size_t)i * in);
             for (size_t o = 0; o < out; o++) {
                 lp_weight_dequantize_row(&pair->B, (int64_t)o, row);
@@ -63,7 +71,7 @@ int lp_train_lora_from_adapter(lp_train_model *m, const lp_adapter *a, lp_error 
             }
         }
     lp_free(row);
-    return 0;
+    return rc;
 }
 
 /* rows x cols (cols <= padded) in place -> packed as `type` (group 32,
