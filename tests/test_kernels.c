@@ -722,15 +722,20 @@ static void test_ops(void) {
                 if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
                 /* q: nq heads of d; keys/values: nk rows of d (from x and w) */
                 float s1[9 * 7], s2[9 * 7], o1[9 * 128], o2[9 * 128];
-                k->attn_scores(x, d, nq, w, nk, d, 0.125f, s1, nk);
-                for (int h = 0; h < nq; h++)
-                    for (int j = 0; j < nk; j++) s2[h * nk + j] = k->dot_f32(x + h * d, w + j * d, d) * 0.125f;
-                bad_scores += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
-                for (int i = 0; i < nq * d; i++) o1[i] = o2[i] = x[i + 3];
-                k->attn_mix(o1, d, nq, s1, nk, x + 17, nk, d);
-                for (int h = 0; h < nq; h++)
-                    for (int j = 0; j < nk; j++) k->axpy_f32(o2 + h * d, s1[h * nk + j], x + 17 + j * d, d);
-                bad_mix += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
+                /* keys one after another, and walked backwards (stride -d) */
+                for (int dir = 1; dir >= -1; dir -= 2) {
+                    const float *k0 = dir > 0 ? w : w + (nk - 1) * d, *v0 = dir > 0 ? x + 17 : x + 17 + (nk - 1) * d;
+                    k->attn_scores(x, d, nq, k0, dir * d, nk, d, 0.125f, s1, nk);
+                    for (int h = 0; h < nq; h++)
+                        for (int j = 0; j < nk; j++)
+                            s2[h * nk + j] = k->dot_f32(x + h * d, k0 + j * dir * d, d) * 0.125f;
+                    bad_scores += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
+                    for (int i = 0; i < nq * d; i++) o1[i] = o2[i] = x[i + 3];
+                    k->attn_mix(o1, d, nq, s1, nk, v0, dir * d, nk, d);
+                    for (int h = 0; h < nq; h++)
+                        for (int j = 0; j < nk; j++) k->axpy_f32(o2 + h * d, s1[h * nk + j], v0 + j * dir * d, d);
+                    bad_mix += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
+                }
             }
         CHECK_MSG(bad_scores == 0, "attn_scores %s: %d cases differ from dot_f32", levels[l].name, bad_scores);
         CHECK_MSG(bad_mix == 0, "attn_mix %s: %d cases differ from axpy_f32", levels[l].name, bad_mix);

@@ -88,10 +88,10 @@ AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) {
     for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
-AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const float *k, int nk, int64_t d,
+AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk, int64_t d,
                               float scale, float *s, int64_t s_stride) {
     for (int j = 0; j < nk; j++)
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_avx2(q + h * q_stride, k + j * d, d) * scale;
+        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_avx2(q + h * q_stride, k + j * k_stride, d) * scale;
 }
 
 /* Q4_0 / Q8_0 decoders: integer codes widen to int32, convert exactly to

@@ -109,10 +109,10 @@ AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) { retu
 /* lp_attn_scores with dot_avx512 per pair (so the bits of dot_f32): the
  * gain over one call per pair is the key read once per head group and no
  * call or KV address arithmetic in the loop. */
-AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const float *k, int nk, int64_t d,
+AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk, int64_t d,
                                   float scale, float *s, int64_t s_stride) {
     for (int j = 0; j < nk; j++)
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = dot_avx512(q + h * q_stride, k + j * d, d) * scale;
+        for (int h = 0; h < nq; h++) s[h * s_stride + j] = dot_avx512(q + h * q_stride, k + j * k_stride, d) * scale;
 }
 
 /* lp_attn_mix: up to 4 heads x 64 floats of output stay in registers while
@@ -120,7 +120,7 @@ AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, cons
  * store of the output per head and row); per element the same multiply
  * then add, in the same order, as lp_axpy_avx512. */
 AVX512 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride,
-                               const float *v, int nk, int64_t d) {
+                               const float *v, int64_t v_stride, int nk, int64_t d) {
     for (int h0 = 0; h0 < nq; h0 += 4) {
         int hn = nq - h0 < 4 ? nq - h0 : 4;
         for (int64_t c = 0; c < d; c += 64) {
@@ -134,7 +134,7 @@ AVX512 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const flo
                 for (int i = 0; i < 4; i++) acc[h][i] = _mm512_maskz_loadu_ps(m[i], out + (h0 + h) * out_stride + c + 16 * i);
             for (int j = 0; j < nk; j++) {
                 __m512 vj[4];
-                for (int i = 0; i < 4; i++) vj[i] = _mm512_maskz_loadu_ps(m[i], v + j * d + c + 16 * i);
+                for (int i = 0; i < 4; i++) vj[i] = _mm512_maskz_loadu_ps(m[i], v + j * v_stride + c + 16 * i);
                 for (int h = 0; h < hn; h++) {
                     __m512 pv = _mm512_set1_ps(p[(h0 + h) * p_stride + j]);
                     for (int i = 0; i < 4; i++) acc[h][i] = _mm512_add_ps(acc[h][i], _mm512_mul_ps(pv, vj[i]));

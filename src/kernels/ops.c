@@ -13,16 +13,16 @@ void lp_axpy(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-void lp_attn_scores(const float *q, int64_t q_stride, int nq, const float *k, int nk, int64_t d, float scale,
+void lp_attn_scores(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk, int64_t d, float scale,
                     float *s, int64_t s_stride) {
     for (int j = 0; j < nk; j++)
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, k + j * d, d) * scale;
+        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, k + j * k_stride, d) * scale;
 }
 
-void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const float *v, int nk,
+void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const float *v, int64_t v_stride, int nk,
                  int64_t d) {
     for (int h = 0; h < nq; h++)
-        for (int j = 0; j < nk; j++) lp_axpy(out + h * out_stride, p[h * p_stride + j], v + j * d, d);
+        for (int j = 0; j < nk; j++) lp_axpy(out + h * out_stride, p[h * p_stride + j], v + j * v_stride, d);
 }
 
 /* The sum of squares runs in double: for large n a float sum would drift,

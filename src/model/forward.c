@@ -318,6 +318,14 @@ typedef struct attention_task {
     int layer;
 } attention_task;
 
+/* How many rows the chain from row a walks through consecutively: a,
+ * a - 1, ... while each row's parent is the row just before it. */
+static int chain_run(const lp_context *ctx, int a) {
+    int len = 1;
+    while (a - len + 1 > 0 && ctx->rows[a - len + 1].parent == a - len) len++;
+    return len;
+}
+
 /* One row and one KV head, for the query heads that share it (grouped-
  * query attention): softmax(q·K/sqrt(d)) V over the sequence's committed
  * entries, block by block, followed by the row's parent chain (nearest
@@ -339,11 +347,18 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
         const float *k = lp_kv_key(kv, s->blocks[t / bt], layer, g, 0);
-        ctx->kern.attn_scores(q, d, per, k, nk, d, scale, scores + t, n_all);
+        ctx->kern.attn_scores(q, d, per, k, d, nk, d, scale, scores + t, n_all);
     }
+    /* The chain in runs of consecutive rows (a prefill chain is one run),
+     * walked downwards with a negative stride, so scores keep their order. */
     int n = s->length;
-    for (int a = r; a >= 0; a = ctx->rows[a].parent, n++)
-        ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, 1, d, scale, scores + n, n_all);
+    for (int a = r; a >= 0;) {
+        int len = chain_run(ctx, a);
+        ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, -(int64_t)kv_dim, len, d, scale, scores + n,
+                              n_all);
+        n += len;
+        a = ctx->rows[a - len + 1].parent;
+    }
     for (int i = 0; i < per; i++) ctx->kern.softmax(scores + (size_t)i * (size_t)n_all, n_all);
 
     float *out = ctx->xn + ((size_t)r * hp->n_heads + (size_t)h0) * (size_t)d;
@@ -351,11 +366,15 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
         const float *v = lp_kv_value(kv, s->blocks[t / bt], layer, g, 0);
-        ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, nk, d);
+        ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, d, nk, d);
     }
     n = s->length;
-    for (int a = r; a >= 0; a = ctx->rows[a].parent, n++)
-        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, 1, d);
+    for (int a = r; a >= 0;) {
+        int len = chain_run(ctx, a);
+        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, -(int64_t)kv_dim, len, d);
+        n += len;
+        a = ctx->rows[a - len + 1].parent;
+    }
 }
 
 static void attention_worker(void *arg, int thread, int n_threads) {
