@@ -709,36 +709,55 @@ static void test_ops(void) {
         CHECK_MSG(bad_silu == 0, "silu_mul %s: %d values off", levels[l].name, bad_silu);
     }
 
-    /* every level's grouped attention kernels: the bits of its dot_f32 and
-     * axpy_f32 called pair by pair (head dims with and without a tail, 1 to
-     * 9 heads so the 4-head register blocks end anywhere) */
+    /* every level's grouped attention kernels against double sums (1 to 9
+     * heads so the 8- and 4-head blocks end anywhere, head dims with and
+     * without a tail, keys forwards and backwards), and a score or an
+     * output that does not depend on the block it came in: each key alone
+     * gives the same bits */
     for (int l = 0; l < n_levels; l++) {
         const lp_kernels *k = &levels[l].k;
-        int bad_scores = 0, bad_mix = 0;
+        int bad_scores = 0, bad_mix = 0, bad_alone = 0;
         static const int dims[] = {8, 48, 64, 100, 128};
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
-            for (int nq = 1; nq <= 9; nq += 2) {
-                int d = dims[di], nk = 7;
-                if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
-                /* q: nq heads of d; keys/values: nk rows of d (from x and w) */
-                float s1[9 * 7], s2[9 * 7], o1[9 * 128], o2[9 * 128];
-                /* keys one after another, and walked backwards (stride -d) */
+            for (int nq = 1; nq <= 9; nq += 2)
                 for (int dir = 1; dir >= -1; dir -= 2) {
+                    int d = dims[di], nk = 7;
+                    if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
                     const float *k0 = dir > 0 ? w : w + (nk - 1) * d, *v0 = dir > 0 ? x + 17 : x + 17 + (nk - 1) * d;
+                    float s1[9 * 7], s2[9 * 7], o1[9 * 128], o2[9 * 128];
                     k->attn_scores(x, d, nq, k0, dir * d, nk, d, 0.125f, s1, nk);
-                    for (int h = 0; h < nq; h++)
-                        for (int j = 0; j < nk; j++)
-                            s2[h * nk + j] = k->dot_f32(x + h * d, k0 + j * dir * d, d) * 0.125f;
-                    bad_scores += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
+                    for (int j = 0; j < nk; j++) {
+                        k->attn_scores(x, d, nq, k0 + j * dir * d, dir * d, 1, d, 0.125f, s2 + j, nk);
+                        for (int h = 0; h < nq; h++) {
+                            double want = 0, mag = 0;
+                            for (int i = 0; i < d; i++) {
+                                double t = (double)x[h * d + i] * k0[j * dir * d + i];
+                                want += t;
+                                mag += fabs(t);
+                            }
+                            bad_scores += !(fabs(s1[h * nk + j] - 0.125 * want) <= 1e-6 * mag + 1e-30);
+                        }
+                    }
+                    bad_alone += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
                     for (int i = 0; i < nq * d; i++) o1[i] = o2[i] = x[i + 3];
                     k->attn_mix(o1, d, nq, s1, nk, v0, dir * d, nk, d);
+                    for (int j = 0; j < nk; j++) k->attn_mix(o2, d, nq, s1 + j, nk, v0 + j * dir * d, dir * d, 1, d);
+                    bad_alone += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
                     for (int h = 0; h < nq; h++)
-                        for (int j = 0; j < nk; j++) k->axpy_f32(o2 + h * d, s1[h * nk + j], v0 + j * dir * d, d);
-                    bad_mix += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
+                        for (int i = 0; i < d; i++) {
+                            double want = x[h * d + i + 3], mag = fabs(want);
+                            for (int j = 0; j < nk; j++) {
+                                double t = (double)s1[h * nk + j] * v0[j * dir * d + i];
+                                want += t;
+                                mag += fabs(t);
+                            }
+                            bad_mix += !(fabs(o1[h * d + i] - want) <= 1e-6 * mag + 1e-30);
+                        }
                 }
-            }
-        CHECK_MSG(bad_scores == 0, "attn_scores %s: %d cases differ from dot_f32", levels[l].name, bad_scores);
-        CHECK_MSG(bad_mix == 0, "attn_mix %s: %d cases differ from axpy_f32", levels[l].name, bad_mix);
+        CHECK_MSG(bad_scores == 0, "attn_scores %s: %d scores off", levels[l].name, bad_scores);
+        CHECK_MSG(bad_mix == 0, "attn_mix %s: %d outputs off", levels[l].name, bad_mix);
+        CHECK_MSG(bad_alone == 0, "attention %s: %d cases depend on the block a key came in", levels[l].name,
+                  bad_alone);
     }
 }
 

@@ -106,43 +106,101 @@ AVX512 INLINE float dot_avx512(const float *a, const float *b, int64_t n) {
 }
 AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) { return dot_avx512(a, b, n); }
 
-/* lp_attn_scores with dot_avx512 per pair (so the bits of dot_f32): the
- * gain over one call per pair is the key read once per head group and no
- * call or KV address arithmetic in the loop. */
-AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk, int64_t d,
-                                  float scale, float *s, int64_t s_stride) {
-    for (int j = 0; j < nk; j++)
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = dot_avx512(q + h * q_stride, k + j * k_stride, d) * scale;
+/* Lane sums of 8 vectors: lane h of the result is the sum of a[h]'s 16
+ * lanes (halves added, then a horizontal-add tree), 8 dot products
+ * finished together instead of one full reduction each. */
+AVX512 INLINE __m256 sum8(const __m512 a[8]) {
+    __m256 b[8];
+    for (int i = 0; i < 8; i++)
+        b[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
+                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
+    __m256 t0 = _mm256_hadd_ps(b[0], b[1]), t1 = _mm256_hadd_ps(b[2], b[3]);
+    __m256 t2 = _mm256_hadd_ps(b[4], b[5]), t3 = _mm256_hadd_ps(b[6], b[7]);
+    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
 }
 
-/* lp_attn_mix: up to 4 heads x 64 floats of output stay in registers while
+/* Keys or values fetched ahead in the attention kernels (rows). */
+#define ATTN_AHEAD 8
+
+/* HN (a constant where it is inlined, so the accumulators stay in
+ * registers) heads at qh against nk keys. */
+AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const float *k, int64_t k_stride, int nk,
+                                int64_t d, float scale, float *s, int64_t s_stride) {
+    for (int j = 0; j < nk; j++) {
+        const float *kj = k + j * k_stride;
+        /* keys stream from memory: fetch a few ahead, in walking order */
+        if (j + ATTN_AHEAD < nk)
+            for (int64_t c = 0; c < d; c += 16) _mm_prefetch((const char *)(kj + ATTN_AHEAD * k_stride + c), _MM_HINT_T0);
+        __m512 acc[8];
+        for (int h = 0; h < 8; h++) acc[h] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < d; c += 16) {
+            int64_t left = d - c;
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            __m512 kv = _mm512_maskz_loadu_ps(m, kj + c);
+            for (int h = 0; h < HN; h++)
+                acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + h * q_stride + c), kv, acc[h]);
+        }
+        _Alignas(32) float sums[8];
+        _mm256_store_ps(sums, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+        for (int h = 0; h < HN; h++) s[h * s_stride + j] = sums[h];
+    }
+}
+
+/* lp_attn_scores: up to 8 heads against each key, the key read once, the
+ * 8 sums finished by one tree (sum8). A score depends only on its query
+ * and key (not on the other heads, the block or the stride), so a row's
+ * attention does not depend on the batch. */
+AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride,
+                                  int nk, int64_t d, float scale, float *s, int64_t s_stride) {
+    int h0 = 0;
+    for (; h0 + 8 <= nq; h0 += 8)
+        scores_heads(q + h0 * q_stride, q_stride, 8, k, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+    if (nq - h0 >= 4) {
+        scores_heads(q + h0 * q_stride, q_stride, 4, k, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+        h0 += 4;
+    }
+    for (; h0 < nq; h0++)
+        scores_heads(q + h0 * q_stride, q_stride, 1, k, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+}
+
+/* HN (constant where inlined) heads x 64 outputs from column c. */
+AVX512 INLINE void mix_heads(float *out, int64_t out_stride, int HN, const float *p, int64_t p_stride,
+                             const float *v, int64_t v_stride, int nk, int64_t d, int64_t c) {
+    __mmask16 m[4];
+    for (int i = 0; i < 4; i++) {
+        int64_t left = d - c - 16 * i;
+        m[i] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
+    __m512 acc[4][4];
+    for (int h = 0; h < HN; h++)
+        for (int i = 0; i < 4; i++) acc[h][i] = _mm512_maskz_loadu_ps(m[i], out + h * out_stride + c + 16 * i);
+    for (int j = 0; j < nk; j++) {
+        __m512 vj[4];
+        if (j + ATTN_AHEAD < nk)
+            for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(v + (j + ATTN_AHEAD) * v_stride + c + 16 * i), _MM_HINT_T0);
+        for (int i = 0; i < 4; i++) vj[i] = _mm512_maskz_loadu_ps(m[i], v + j * v_stride + c + 16 * i);
+        for (int h = 0; h < HN; h++) {
+            __m512 pv = _mm512_set1_ps(p[h * p_stride + j]);
+            for (int i = 0; i < 4; i++) acc[h][i] = _mm512_fmadd_ps(pv, vj[i], acc[h][i]);
+        }
+    }
+    for (int h = 0; h < HN; h++)
+        for (int i = 0; i < 4; i++) _mm512_mask_storeu_ps(out + h * out_stride + c + 16 * i, m[i], acc[h][i]);
+}
+
+/* lp_attn_mix: 4 heads x 64 floats of output stay in registers while
  * every value row passes (one load per row and chunk instead of a load and
- * store of the output per head and row); per element the same multiply
- * then add, in the same order, as lp_axpy_avx512. */
+ * store of the output per head and row), one fma per element and row, in
+ * row order. */
 AVX512 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride,
                                const float *v, int64_t v_stride, int nk, int64_t d) {
-    for (int h0 = 0; h0 < nq; h0 += 4) {
-        int hn = nq - h0 < 4 ? nq - h0 : 4;
-        for (int64_t c = 0; c < d; c += 64) {
-            __mmask16 m[4];
-            for (int i = 0; i < 4; i++) {
-                int64_t left = d - c - 16 * i;
-                m[i] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
-            }
-            __m512 acc[4][4];
-            for (int h = 0; h < hn; h++)
-                for (int i = 0; i < 4; i++) acc[h][i] = _mm512_maskz_loadu_ps(m[i], out + (h0 + h) * out_stride + c + 16 * i);
-            for (int j = 0; j < nk; j++) {
-                __m512 vj[4];
-                for (int i = 0; i < 4; i++) vj[i] = _mm512_maskz_loadu_ps(m[i], v + j * v_stride + c + 16 * i);
-                for (int h = 0; h < hn; h++) {
-                    __m512 pv = _mm512_set1_ps(p[(h0 + h) * p_stride + j]);
-                    for (int i = 0; i < 4; i++) acc[h][i] = _mm512_add_ps(acc[h][i], _mm512_mul_ps(pv, vj[i]));
-                }
-            }
-            for (int h = 0; h < hn; h++)
-                for (int i = 0; i < 4; i++) _mm512_mask_storeu_ps(out + (h0 + h) * out_stride + c + 16 * i, m[i], acc[h][i]);
-        }
+    for (int64_t c = 0; c < d; c += 64) {
+        int h0 = 0;
+        for (; h0 + 4 <= nq; h0 += 4)
+            mix_heads(out + h0 * out_stride, out_stride, 4, p + h0 * p_stride, p_stride, v, v_stride, nk, d, c);
+        for (; h0 < nq; h0++)
+            mix_heads(out + h0 * out_stride, out_stride, 1, p + h0 * p_stride, p_stride, v, v_stride, nk, d, c);
     }
 }
 

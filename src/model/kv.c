@@ -4,10 +4,14 @@
 
 #include <string.h>
 
+/* K (and V) are laid out [layer][kv head][block][token][head_dim]: one
+ * head's entries in consecutive blocks lie one after another, so attention
+ * over a sequence whose blocks were handed out in order (the free list
+ * gives ascending ids) reads one stream per head. */
 static size_t block_offset(const lp_kv_cache *kv, int block, int layer, int head, int token) {
-    return (size_t)block * kv->block_floats +
-           (((size_t)layer * (size_t)kv->n_kv_heads + (size_t)head) * (size_t)kv->block_tokens +
-            (size_t)token) * (size_t)kv->head_dim;
+    size_t stream = (size_t)layer * (size_t)kv->n_kv_heads + (size_t)head;
+    return ((stream * (size_t)kv->n_blocks + (size_t)block) * (size_t)kv->block_tokens + (size_t)token) *
+           (size_t)kv->head_dim;
 }
 
 float *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token) {
@@ -52,10 +56,12 @@ void lp_kv_append_row(lp_context *ctx, int r) {
     } else if (kv->refcount[s->blocks[bi]] > 1) {
         /* The partial block is shared with another sequence: copy it first. */
         int old = s->blocks[bi], fresh = block_alloc(kv);
-        memcpy(kv->k + (size_t)fresh * kv->block_floats, kv->k + (size_t)old * kv->block_floats,
-               kv->block_floats * sizeof(float));
-        memcpy(kv->v + (size_t)fresh * kv->block_floats, kv->v + (size_t)old * kv->block_floats,
-               kv->block_floats * sizeof(float));
+        size_t bytes = (size_t)bt * (size_t)hp->head_dim * sizeof(float);
+        for (int l = 0; l < hp->n_layers; l++)
+            for (int h = 0; h < hp->n_kv_heads; h++) {
+                memcpy(lp_kv_key(kv, fresh, l, h, 0), lp_kv_key(kv, old, l, h, 0), bytes);
+                memcpy(lp_kv_value(kv, fresh, l, h, 0), lp_kv_value(kv, old, l, h, 0), bytes);
+            }
         block_release(kv, old);
         s->blocks[bi] = fresh;
     }
