@@ -466,15 +466,19 @@ static void remove_peft_dir(const char *dir) {
     rmdir(dir);
 }
 
+/* A small model with a rank-4 LoRA on all seven projections; its FFN
+ * (48) is not a multiple of 32, so down's adapter stays F16 in an .lpa. */
+static const lp_train_config small_lora_config = {
+    .n_vocab = 512, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
+    .ffn_dim = 48, .n_ctx = 64, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
+    .lora_rank = 4, .lora_alpha = 8, .lora_targets = (1u << LP_PROJ_COUNT) - 1,
+};
+
 /* A trained LoRA exported as PEFT and loaded by the runtime's adapter
  * loader reproduces the trainer's logits (q/k row order, scale, layouts). */
 static void test_peft_runtime(void) {
     lp_error err;
-    lp_train_config c = {
-        .n_vocab = 512, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
-        .ffn_dim = 48, .n_ctx = 64, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
-        .lora_rank = 4, .lora_alpha = 8, .lora_targets = (1u << LP_PROJ_COUNT) - 1,
-    };
+    lp_train_config c = small_lora_config;
     lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
     enum { T = 10 };
     CHECK(lp_train_model_reserve(m, 1, T, &err) == 0);
@@ -528,11 +532,7 @@ static void test_peft_runtime(void) {
  * F16, are left alone); restoring brings the FP32 weights back exactly. */
 static void test_qat(void) {
     lp_error err;
-    lp_train_config c = {
-        .n_vocab = 512, .dim = 32, .n_layers = 2, .n_heads = 4, .n_kv_heads = 2, .head_dim = 8,
-        .ffn_dim = 48, .n_ctx = 64, .rope_theta = 10000.0f, .rms_eps = 1e-5f,
-        .lora_rank = 4, .lora_alpha = 8, .lora_targets = (1u << LP_PROJ_COUNT) - 1,
-    };
+    lp_train_config c = small_lora_config;
     lp_train_model *m = lp_train_model_create(&c, LP_TRAIN_LORA, &err);
     randomize(m, 99, 0.2f);
     char path[512], dir[512], lpa[512];
