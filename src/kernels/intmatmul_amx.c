@@ -98,22 +98,33 @@ typedef struct amx_block {
     int64_t p, c0, n, b0;
 } amx_block;
 
-/* The float half of one group for rows b < mb: acc[b] = fma(float(isum),
- * dw * dx, acc[b]) with the same operations as the VNNI kernel; isum is
- * the tile sum (+ corr for biased W8 codes). */
-AMX INLINE void finish_group(const amx_block *k, int64_t gi, int mb, const int32_t sums[16][16], __m512 acc[16]) {
-    const lp_qact *a = k->g->a;
-    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(k->panel + (size_t)gi * 32)));
+/* The float half of group gi of a panel (scales at panel) for batch rows
+ * b0 + b, b < mb: acc[b] = fma(float(isum), dw * dx, acc[b]) with the same
+ * operations as the VNNI kernel; isum is the tile sum, + corr for biased
+ * (unsigned) codes. Shared by the prefill blocks and the decode stream. */
+AMX INLINE void finish_rows(const lp_qact *a, const uint8_t *panel, int64_t gi, int64_t b0, int mb, bool add_corr,
+                            const int32_t sums[16][16], __m512 acc[16]) {
+    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + (size_t)gi * 32)));
     /* unrolled, so the 16 accumulators stay in registers (a loop indexing
      * acc[b] spills them: measured 1.35x slower prefill) */
 #pragma GCC unroll 16
     for (int b = 0; b < mb; b++) {
-        int64_t at = (k->b0 + b) * a->groups + gi;
+        int64_t at = (b0 + b) * a->groups + gi;
         __m512i isum = _mm512_load_si512(sums[b]);
-        if (!k->signed_codes) isum = _mm512_add_epi32(isum, _mm512_set1_epi32(a->corr[at]));
+        if (add_corr) isum = _mm512_add_epi32(isum, _mm512_set1_epi32(a->corr[at]));
         __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[at]));
         acc[b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dwdx, acc[b]);
     }
+}
+
+AMX INLINE void finish_group(const amx_block *k, int64_t gi, int mb, const int32_t sums[16][16], __m512 acc[16]) {
+    finish_rows(k->g->a, k->panel, gi, k->b0, mb, !k->signed_codes, sums, acc);
+}
+
+/* Rows of panel p that exist (the last panel may be short). */
+static inline __mmask16 panel_rows_mask(const lp_igemm *g, int64_t p) {
+    int64_t left = g->rows - p * LP_PANEL;
+    return left >= LP_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
 }
 
 /* Integer sums of group gi into tile T (a constant), stored to out. */
@@ -140,8 +151,7 @@ AMX INLINE void block(const amx_block *k, int mb, int K) {
     const int64_t qs = g->a->q_stride;
     const int8_t *xq = g->a->q + k->b0 * qs;
     float *y = g->y + k->b0 * g->y_stride + k->p * LP_PANEL;
-    int64_t left = g->rows - k->p * LP_PANEL;
-    __mmask16 rows_mask = left >= LP_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+    __mmask16 rows_mask = panel_rows_mask(g, k->p);
     __m512 acc[16] = {0}; /* rows past mb stay unused */
 #pragma GCC unroll 16
     for (int b = 0; b < mb; b++)
@@ -291,21 +301,13 @@ AMX INLINE void stream_panels(const lp_igemm *g, bool w4, int64_t p, int NP, int
         }
         int64_t gf = gi - LAG;
         if (gf < 0) continue;
-        for (int i = 0; i < NP; i++) {
-            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel[i] + (size_t)gf * 32)));
-#pragma GCC unroll 16
-            for (int b = 0; b < mb; b++) {
-                int64_t at = b * groups + gf;
-                __m512i isum = _mm512_add_epi32(_mm512_load_si512(sums[gf % RING][i][b]), _mm512_set1_epi32(a->corr[at]));
-                __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[at]));
-                acc[i][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(isum), dwdx, acc[i][b]);
-            }
-        }
+        /* codes are unsigned here (W4 unpacked without the bias, W8 as
+         * stored): the correction removes the bias */
+        for (int i = 0; i < NP; i++) finish_rows(a, panel[i], gf, 0, mb, true, sums[gf % RING][i], acc[i]);
     }
     for (int i = 0; i < NP; i++) {
         float *y = g->y + (p + i) * LP_PANEL;
-        int64_t left = g->rows - (p + i) * LP_PANEL;
-        __mmask16 rows_mask = left >= LP_PANEL ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+        __mmask16 rows_mask = panel_rows_mask(g, p + i);
 #pragma GCC unroll 16
         for (int b = 0; b < mb; b++) _mm512_mask_storeu_ps(y + b * g->y_stride, rows_mask, acc[i][b]);
     }
