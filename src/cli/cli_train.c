@@ -222,7 +222,8 @@ static int train_loop(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng *r
     float *keep = NULL;
     if (o->qat_type && !(keep = malloc(m->group_size[lp_train_group_index(LP_TRAIN_LORA)] * sizeof *keep))) {
         lp_train_batch_free(&bb);
-        return cli_fail("train", &(lp_error){"out of memory"});
+        lp_fail(&err, "out of memory for the QAT weight copy");
+        return cli_fail("train", &err);
     }
     bool tty = isatty(2);
     double t0 = lp_now_seconds();
