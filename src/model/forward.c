@@ -662,7 +662,6 @@ static float *feed_forward_hidden(lp_context *ctx, int l, int64_t *stride) {
     return gate;
 }
 
-double lp_dbg_attn;
 static void layer_forward(lp_context *ctx, int l) {
     const lp_model *m = ctx->model;
     const lp_hparams *hp = &m->hp;
@@ -680,9 +679,7 @@ static void layer_forward(lp_context *ctx, int l) {
     /* Small attention (tiny models, short contexts) runs inline: waking the
      * pool would cost more than the work. */
     double work = (double)n * (double)q_dim * (double)(ctx->seqs[ctx->rows[0].seq].length + n);
-    double ta = lp_now_seconds();
     lp_threadpool_run(work < 65536.0 ? NULL : ctx->pool, attention_worker, &task);
-    lp_dbg_attn += lp_now_seconds() - ta;
     /* attention output (in xn, q_dim wide) -> gate buffer as scratch, then residual */
     matmul(ctx, &L->wo, ctx->xn, q_dim, ctx->gate, dim, n);
     static const lp_proj o_proj[1] = {LP_PROJ_O}, down_proj[1] = {LP_PROJ_DOWN};
