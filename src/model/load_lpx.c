@@ -135,8 +135,8 @@ static int lpx_hparams(lp_model *m, const lp_lpx_header *h, const char *what, lp
     const uint32_t limits[8][2] = {{h->n_vocab, 1u << 24}, {h->dim, 1u << 20}, {h->n_layers, 4096},
                                    {h->n_heads, 4096}, {h->n_kv_heads, 4096}, {h->head_dim, 1024},
                                    {h->ffn_dim, 1u << 22}, {h->n_ctx_train, 1u << 24}};
-    static const char *names[8] = {"n_vocab", "dim", "n_layers", "n_heads", "n_kv_heads",
-                                   "head_dim", "ffn_dim", "n_ctx_train"};
+    static const char *const names[8] = {"n_vocab", "dim", "n_layers", "n_heads", "n_kv_heads",
+                                         "head_dim", "ffn_dim", "n_ctx_train"};
     for (int i = 0; i < 8; i++)
         if (limits[i][0] == 0 || limits[i][0] > limits[i][1])
             return lp_fail(err, "%s: %s = %u is out of range (1..%u)", what, names[i], limits[i][0],

@@ -312,8 +312,8 @@ void lp_model_foreach_weight(const lp_model *m,
     fn(user, "token_embd", lp_dtype_name(m->tok_embd.type), m->tok_embd.rows, m->tok_embd.cols);
     if (!m->tied_output)
         fn(user, "output", lp_dtype_name(m->output.type), m->output.rows, m->output.cols);
-    static const char *names[7] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                   "ffn_gate", "ffn_up", "ffn_down"};
+    static const char *const names[7] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                         "ffn_gate", "ffn_up", "ffn_down"};
     for (int l = 0; l < m->hp.n_layers; l++) {
         const lp_layer *L = &m->layers[l];
         const lp_weight *ws[7] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
