@@ -378,13 +378,33 @@ static void tasks_quant_worker(void *ctx, int ti, int nt) {
     }
 }
 
+/* The first bytes of this thread's share of task i (its first panel's
+ * scales and codes), fetched while the task before it runs: LoRA tasks
+ * are short streams (tens of KiB), each of which would otherwise start
+ * with a full memory latency before the hardware prefetchers catch on.
+ * 8 one-row adapters per step: shrink 5.5 -> 5.0-5.4 ms, expand 4.5 ->
+ * 4.1-4.4 ms. */
+static void prefetch_task_start(const tasks_job *job, int i, int ti, int nt) {
+    if (i >= job->n) return;
+    const lp_packed_geom *ge = &job->geom[i];
+    int64_t p0, p1;
+    lp_split_range(ge->panels, ti, nt, 1, &p0, &p1);
+    if (p0 >= p1) return;
+    const char *panel = (const char *)job->t[i].W->data + (size_t)p0 * ge->panel_bytes;
+    const size_t scales = (size_t)ge->groups * 32, ahead = 1024;
+    for (size_t o = 0; o < scales && o < ahead; o += 64) __builtin_prefetch(panel + o, 0, 3);
+    for (size_t o = 0; o < ahead && scales + o < ge->panel_bytes; o += 64) __builtin_prefetch(panel + scales + o, 0, 3);
+}
+
 /* Every thread takes its share of every task's panels: tasks differ in
  * rows and batch, so splitting each one keeps the threads even. */
 static void tasks_gemm_worker(void *ctx, int ti, int nt) {
     const tasks_job *job = ctx;
+    prefetch_task_start(job, 0, ti, nt);
     for (int i = 0; i < job->n; i++) {
         const lp_matmul_task *t = &job->t[i];
         int64_t p0, p1;
+        prefetch_task_start(job, i + 1, ti, nt);
         lp_split_range(job->geom[i].panels, ti, nt, 1, &p0, &p1);
         if (p0 >= p1) continue;
         lp_igemm g = {t->W->data, job->geom[i], t->W->rows, p0, p1, &job->a[job->quantized_by[i]], t->n_batch, t->Y,
