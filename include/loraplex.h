@@ -124,6 +124,11 @@ typedef struct lp_context_params {
     bool adapters_onehot; /* benchmark baseline only: compute EVERY bound adapter for
                              every row and mask by a one-hot selection, as a graph
                              with all adapters compiled in does */
+    bool kv_f32;          /* keep the KV cache in f32. Default f16: half the memory
+                             and half the bytes attention reads; keys and values
+                             are rounded to f16 when made, so a row's result never
+                             depends on whether it reads them from the cache or
+                             from its own batch */
 } lp_context_params;
 
 lp_context_params lp_context_default_params(void);

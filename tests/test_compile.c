@@ -30,6 +30,7 @@ static lp_context *make_ctx(const lp_model *m) {
     p.max_sequences = 2;
     p.n_ctx = 256;
     p.max_adapters = 2;
+    p.kv_f32 = true; /* compiled vs source within 1e-4: no f16 rounding flips */
     lp_error err;
     lp_context *ctx = lp_context_create(m, &p, &err);
     if (!ctx) fprintf(stderr, "context: %s\n", err.message);

@@ -725,9 +725,9 @@ static void test_ops(void) {
                     if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
                     const float *k0 = dir > 0 ? w : w + (nk - 1) * d, *v0 = dir > 0 ? x + 17 : x + 17 + (nk - 1) * d;
                     float s1[9 * 7], s2[9 * 7], o1[9 * 128], o2[9 * 128];
-                    k->attn_scores(x, d, nq, k0, dir * d, nk, d, 0.125f, s1, nk);
+                    k->attn_scores(x, d, nq, k0, false, dir * d, nk, d, 0.125f, s1, nk);
                     for (int j = 0; j < nk; j++) {
-                        k->attn_scores(x, d, nq, k0 + j * dir * d, dir * d, 1, d, 0.125f, s2 + j, nk);
+                        k->attn_scores(x, d, nq, k0 + j * dir * d, false, dir * d, 1, d, 0.125f, s2 + j, nk);
                         for (int h = 0; h < nq; h++) {
                             double want = 0, mag = 0;
                             for (int i = 0; i < d; i++) {
@@ -740,8 +740,8 @@ static void test_ops(void) {
                     }
                     bad_alone += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
                     for (int i = 0; i < nq * d; i++) o1[i] = o2[i] = x[i + 3];
-                    k->attn_mix(o1, d, nq, s1, nk, v0, dir * d, nk, d);
-                    for (int j = 0; j < nk; j++) k->attn_mix(o2, d, nq, s1 + j, nk, v0 + j * dir * d, dir * d, 1, d);
+                    k->attn_mix(o1, d, nq, s1, nk, v0, false, dir * d, nk, d);
+                    for (int j = 0; j < nk; j++) k->attn_mix(o2, d, nq, s1 + j, nk, v0 + j * dir * d, false, dir * d, 1, d);
                     bad_alone += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
                     for (int h = 0; h < nq; h++)
                         for (int i = 0; i < d; i++) {
@@ -761,6 +761,54 @@ static void test_ops(void) {
     }
 }
 
+/* The KV cache's f16 storage: every level's round_f16 gives the bits of
+ * lp_f32_to_f16 (ties, subnormals, overflow), and the attention kernels
+ * read an f16 key or value as exactly its f32 value: same scores, same
+ * outputs, bit for bit, forwards and backwards. */
+static void test_f16_kv(void) {
+    level_setup levels[4];
+    int n_levels = supported_levels(levels);
+    enum { D = 100, NK = 9, NQ = 8, NR = 64 };
+    lp_rng rng;
+    lp_rng_seed(&rng, 41);
+    static const float edge[] = {0.0f, -0.0f, 65504.0f, 65520.0f, -65519.0f, 1e-8f, 2.98023224e-8f, 5.96046448e-8f,
+                                 6.1035156e-5f, 6.1e-5f, 1.00048828125f, 1.00146484375f, 3.0e38f, -1e-30f};
+    float vals[NR + 14], want[NR + 14];
+    for (int i = 0; i < NR; i++) vals[i] = (lp_rng_uniform(&rng) - 0.5f) * (float)(1 << (i % 20)) * 1e-3f;
+    memcpy(vals + NR, edge, sizeof edge);
+    for (int i = 0; i < NR + 14; i++) want[i] = lp_f16_to_f32(lp_f32_to_f16(vals[i]));
+    float q[NQ * D], kf[NK * D], vf[NK * D], p[NQ * NK];
+    uint16_t kh[NK * D], vh[NK * D];
+    for (int i = 0; i < NQ * D; i++) q[i] = lp_rng_uniform(&rng) - 0.5f;
+    for (int i = 0; i < NK * D; i++) {
+        kh[i] = lp_f32_to_f16(lp_rng_uniform(&rng) * 4.0f - 2.0f);
+        vh[i] = lp_f32_to_f16(lp_rng_uniform(&rng) * 4.0f - 2.0f);
+        kf[i] = lp_f16_to_f32(kh[i]);
+        vf[i] = lp_f16_to_f32(vh[i]);
+    }
+    for (int i = 0; i < NQ * NK; i++) p[i] = lp_rng_uniform(&rng) / NK;
+    for (int l = 0; l < n_levels; l++) {
+        const lp_kernels *k = &levels[l].k;
+        float got[NR + 14];
+        memcpy(got, vals, sizeof got);
+        k->round_f16(got, NR + 14);
+        CHECK_MSG(memcmp(got, want, sizeof got) == 0, "round_f16 %s differs from lp_f32_to_f16", levels[l].name);
+        int bad = 0;
+        for (int nq = 1; nq <= NQ; nq += 3)
+            for (int dir = 1; dir >= -1; dir -= 2) {
+                int64_t at = dir > 0 ? 0 : (NK - 1) * D;
+                float s_f[NQ * NK], s_h[NQ * NK], o_f[NQ * D] = {0}, o_h[NQ * D] = {0};
+                k->attn_scores(q, D, nq, kf + at, false, dir * D, NK, D, 0.125f, s_f, NK);
+                k->attn_scores(q, D, nq, kh + at, true, dir * D, NK, D, 0.125f, s_h, NK);
+                bad += memcmp(s_f, s_h, (size_t)(nq * NK) * sizeof(float)) != 0;
+                k->attn_mix(o_f, D, nq, p, NK, vf + at, false, dir * D, NK, D);
+                k->attn_mix(o_h, D, nq, p, NK, vh + at, true, dir * D, NK, D);
+                bad += memcmp(o_f, o_h, (size_t)(nq * D) * sizeof(float)) != 0;
+            }
+        CHECK_MSG(bad == 0, "attention %s: %d cases where f16 K/V differ from their f32 values", levels[l].name, bad);
+    }
+}
+
 int main(void) {
     test_f16();
     test_dequant_simple();
@@ -769,5 +817,6 @@ int main(void) {
     test_matmul();
     test_batch_invariance();
     test_ops();
+    test_f16_kv();
     return check_summary("kernels");
 }

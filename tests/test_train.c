@@ -433,6 +433,7 @@ static void test_export_gguf(lp_threadpool *pool) {
             cp.max_logit_rows = T;
             cp.max_sequences = 1;
             cp.n_ctx = 64;
+            cp.kv_f32 = true; /* the trainer's forward is f32 throughout */
             lp_context *ctx = lp_context_create(rt, &cp, &err);
             CHECK_MSG(ctx != NULL, "%s", err.message);
             lp_row rows[T];
@@ -502,6 +503,7 @@ static void test_peft_runtime(void) {
         cp.max_logit_rows = T;
         cp.max_sequences = 1;
         cp.n_ctx = 64;
+        cp.kv_f32 = true; /* the trainer's forward is f32 throughout */
         lp_context *ctx = lp_context_create(rt, &cp, &err);
         CHECK(ctx && lp_context_bind_adapter(ctx, 1, ad, &err) == 0);
         lp_row rows[T];

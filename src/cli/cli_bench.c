@@ -39,7 +39,7 @@ typedef struct bench_options {
     int threads[MAX_LIST], n_threads;
     int streams[MAX_LIST], n_streams;
     int counts[MAX_LIST], n_counts;
-    bool adapter_modes, json;
+    bool adapter_modes, json, kv_f32;
     long bw_mib;
 } bench_options;
 
@@ -97,14 +97,14 @@ static uint64_t weight_bytes_per_token(const lp_model *model) {
     return p.bytes < info.weight_bytes ? info.weight_bytes - p.bytes : info.weight_bytes;
 }
 
-/* KV bytes of one block: K and V, every layer, f32. */
-static uint64_t kv_block_bytes(const lp_context *ctx) {
+/* KV bytes of one block: K and V, every layer, f16 (or f32 with --kv-f32). */
+static uint64_t kv_block_bytes(const lp_context *ctx, bool kv_f32) {
     lp_model_info info;
     int used, total, block_tokens;
     lp_model_get_info(lp_context_model(ctx), &info);
     lp_kv_usage(ctx, &used, &total, &block_tokens);
     return 2ull * (uint64_t)info.n_layers * (uint64_t)info.n_kv_heads * (uint64_t)info.head_dim *
-           (uint64_t)block_tokens * 4ull;
+           (uint64_t)block_tokens * (kv_f32 ? 4ull : 2ull);
 }
 
 static void random_tokens(const lp_model *model, uint64_t seed, int32_t *out, int n) {
@@ -302,6 +302,7 @@ static int bench_speed(const bench_options *o) {
             if (model) {
                 lp_context_params cp = lp_context_default_params();
                 cp.n_threads = threads;
+                cp.kv_f32 = o->kv_f32;
                 cp.max_rows = o->prompt;
                 cp.max_sequences = 1;
                 cp.n_ctx = cp.max_seq_len = o->prompt + o->n_gen + 16;
@@ -568,6 +569,7 @@ static int bench_streams(const bench_options *o) {
     }
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = o->threads[0];
+    cp.kv_f32 = o->kv_f32;
     cp.max_sequences = max_n;
     cp.max_rows = o->prompt > max_n ? o->prompt : max_n;
     cp.max_logit_rows = max_n;
@@ -617,7 +619,7 @@ static int bench_streams(const bench_options *o) {
         n_mix = 3;
         for (int i = 0; i < n; i++) streams[i].adapter = 0;
     }
-    double block_mib = kv_block_bytes(ctx) / 1048576.0;
+    double block_mib = kv_block_bytes(ctx, o->kv_f32) / 1048576.0;
     lp_model_info info;
     lp_model_get_info(e.model, &info);
     static const char *const mix_names[3] = {"own adapter each", "all adapter 1", "base only"};
@@ -637,7 +639,7 @@ static int bench_streams(const bench_options *o) {
             }
             print_summary_json("step_ms", p->step_ms);
             printf(",\"kv_bytes\":%llu,\"model_bytes\":%llu}\n",
-                   (unsigned long long)(p->conc_blocks * kv_block_bytes(ctx)),
+                   (unsigned long long)(p->conc_blocks * kv_block_bytes(ctx, o->kv_f32)),
                    (unsigned long long)info.weight_bytes);
         }
     } else {
@@ -769,6 +771,7 @@ static int bench_adapter_modes(const bench_options *o) {
     int max_rows = o->prompt > MAX_MIXED ? o->prompt : MAX_MIXED;
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = o->threads[0];
+    cp.kv_f32 = o->kv_f32;
     cp.max_sequences = MAX_MIXED;
     cp.max_rows = max_rows;
     cp.max_logit_rows = MAX_MIXED;
@@ -802,6 +805,7 @@ static int bench_adapter_modes(const bench_options *o) {
         lp_model *m = lp_model_load(o->model, NULL, &err);
         lp_context_params mcp = lp_context_default_params();
         mcp.n_threads = o->threads[0];
+        mcp.kv_f32 = o->kv_f32;
         lp_context *c = m ? lp_context_create(m, &mcp, &err) : NULL;
         load_ms[r] = (lp_now_seconds() - t0) * 1e3;
         failed |= !c;
@@ -928,6 +932,7 @@ static void bench_usage(FILE *out) {
             "      --adapter-modes     K merged models vs one-hot vs runtime adapters\n"
             "      --counts LIST       K values for --adapter-modes (default 1,4,10,32, capped\n"
             "                          at the number of adapters)\n"
+            "      --kv-f32            KV cache in f32 (default f16)\n"
             "      --json              JSON lines instead of tables\n"
             "      --svg FILE          write a chart (streams and adapter modes)\n");
 }
@@ -951,6 +956,7 @@ static int parse_bench(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--svg")) { VALUE(); o->svg = v; }
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--adapter-modes")) o->adapter_modes = true;
+        else if (!strcmp(a, "--kv-f32")) o->kv_f32 = true;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) {
             VALUE(); if (!cli_int(a, v, 1, 1 << 16, &k)) return -1;
             o->prompt = (int)k;

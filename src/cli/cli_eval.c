@@ -27,6 +27,7 @@ typedef struct eval_options {
     int chunk_tokens;   /* C */
     int max_chunks;     /* 0 = all */
     int threads;        /* 0 = all cores */
+    bool kv_f32;        /* both sides keep their KV cache in f32 */
 } eval_options;
 
 typedef struct eval_result {
@@ -86,6 +87,7 @@ static lp_context *eval_context(const lp_model *model, const lp_adapter *adapter
                                 lp_error *err) {
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = o->threads;
+    cp.kv_f32 = o->kv_f32;
     cp.max_rows = o->chunk_tokens;
     cp.max_logit_rows = o->chunk_tokens;
     cp.max_sequences = 1;
@@ -222,6 +224,7 @@ static void eval_usage(FILE *out) {
             "  -c, --ctx N          tokens per chunk (default 512); the second half of\n"
             "                       each chunk is scored, as llama.cpp's perplexity does\n"
             "      --chunks N       evaluate at most N chunks (default: all)\n"
+            "      --kv-f32         both sides keep the KV cache in f32 (default f16)\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --json           one JSON object instead of the table\n");
 }
@@ -263,7 +266,7 @@ static void print_result(const eval_result *r, const char *model, const char *re
 int cli_eval(int argc, char **argv) {
     const char *model_path = NULL, *ref_path = NULL, *text_path = NULL;
     char *adapter_spec = NULL, *ref_adapter_spec = NULL;
-    eval_options o = {NULL, NULL, 512, 0, 0};
+    eval_options o = {NULL, NULL, 512, 0, 0, false};
     bool json = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -274,6 +277,8 @@ int cli_eval(int argc, char **argv) {
             return 0;
         } else if (!strcmp(a, "--json")) {
             json = true;
+        } else if (!strcmp(a, "--kv-f32")) {
+            o.kv_f32 = true;
         } else if (!has_value) {
             fprintf(stderr, "loraplex eval: unknown option or missing value: '%s' (see --help)\n", a);
             return 2;

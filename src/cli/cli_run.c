@@ -31,6 +31,7 @@ static void run_usage(FILE *out) {
             "      --stop TEXT         stop when TEXT is generated (repeatable)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "  -c, --ctx N             KV capacity in tokens (default min(model, 4096))\n"
+            "      --kv-f32            keep the KV cache in f32 (default f16: half the memory)\n"
             "      --chat              wrap the prompt in the model's chat template\n"
             "      --system TEXT       system message for --chat\n"
             "      --no-bos            do not prepend BOS\n"
@@ -54,7 +55,7 @@ typedef struct run_options {
     const char *stop[16];
     int n_stop;
     long n_predict, threads, ctx, seed, streams;
-    bool seed_set, chat, no_bos, echo, verbose, json, seed_top;
+    bool seed_set, chat, no_bos, echo, verbose, json, seed_top, kv_f32;
     double seed_top_min_p;
     const char *adapter, *adapters, *suffixes, *temps;
     lp_sampler_params sampling;
@@ -118,6 +119,7 @@ static int parse_run(int argc, char **argv, run_options *o) {
         } else if (!strcmp(a, "-c") || !strcmp(a, "--ctx")) {
             VALUE(); if (!cli_int(a, v, 8, 1 << 24, &o->ctx)) return -1;
         } else if (!strcmp(a, "--chat")) o->chat = true;
+        else if (!strcmp(a, "--kv-f32")) o->kv_f32 = true;
         else if (!strcmp(a, "--seed-top")) o->seed_top = true;
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--no-bos")) o->no_bos = true;
@@ -297,6 +299,7 @@ int cli_run(int argc, char **argv) {
     }
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = (int)o.threads;
+    cp.kv_f32 = o.kv_f32;
     cp.max_sequences = n_streams;
     cp.n_ctx = (int)(o.ctx ? o.ctx : 0);
     if (!cp.n_ctx) {

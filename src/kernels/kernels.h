@@ -89,10 +89,12 @@ typedef struct lp_kernels {
     /* Attention over a run of keys for the nq query heads that share them
      * (grouped-query attention): lp_attn_scores and lp_attn_mix of this
      * level, with the bits of dot_f32 and axpy_f32 called pair by pair. */
-    void (*attn_scores)(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk,
-                        int64_t d, float scale, float *s, int64_t s_stride);
-    void (*attn_mix)(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const float *v,
-                     int64_t v_stride, int nk, int64_t d);
+    void (*attn_scores)(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
+                        int nk, int64_t d, float scale, float *s, int64_t s_stride);
+    void (*attn_mix)(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v,
+                     bool v_f16, int64_t v_stride, int nk, int64_t d);
+    /* x[i] = the f16 value nearest x[i] (round to nearest even), as f32 */
+    void (*round_f16)(float *x, int64_t n);
     /* more fast paths are private to kernels/ */
     int level;     /* float paths: 0 = reference, 1 = avx2, 2 = avx512 */
     int int_level; /* LP_W4/LP_W8 integer paths: LP_INT_* */
@@ -162,15 +164,20 @@ void lp_softmax(float *x, int64_t n);
 /* gate[i] = silu(gate[i]) * up[i] */
 void lp_silu_mul(float *gate, const float *up, int64_t n);
 float lp_dot_f32_ref(const float *a, const float *b, int64_t n);
-/* s[h*s_stride + j] = scale * dot(q + h*q_stride, k + j*k_stride) over d
- * floats, for h < nq and j < nk (a negative k_stride walks rows backwards). */
-void lp_attn_scores(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk,
+/* s[h*s_stride + j] = scale * dot(q + h*q_stride, k_j) over d elements,
+ * k_j = k + j*k_stride (elements: f32, or f16 when k_f16), for h < nq and
+ * j < nk (a negative k_stride walks rows backwards). An f16 key gives the
+ * bits its f32 value would: the KV cache may store either. */
+void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
                     int64_t d, float scale, float *s, int64_t s_stride);
 /* out + h*out_stride += sum over j in order of p[h*p_stride + j] * v_j
- * (v_j = v + j*v_stride, d floats), as lp_axpy per j does, for h < nq. */
-void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const float *v,
+ * (v_j = v + j*v_stride, d f32 or f16 elements), as lp_axpy per j does,
+ * for h < nq. */
+void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v, bool v_f16,
                  int64_t v_stride, int nk, int64_t d);
 /* y += a * x */
 void lp_axpy(float *y, float a, const float *x, int64_t n);
+/* x[i] = the f16 value nearest x[i] (round to nearest even), as f32 */
+void lp_round_f16(float *x, int64_t n);
 
 #endif

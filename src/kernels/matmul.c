@@ -24,6 +24,7 @@ void lp_kernels_init_reference(lp_kernels *k) {
     k->silu_mul = lp_silu_mul;
     k->attn_scores = lp_attn_scores;
     k->attn_mix = lp_attn_mix;
+    k->round_f16 = lp_round_f16;
     k->level = 0;
     k->int_level = LP_INT_REF;
     k->int8_activations = true;
@@ -47,6 +48,7 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->dot_f32 = lp_dot_f32_avx2;
         k->attn_scores = lp_attn_scores_avx2;
     }
+    if (avx2) k->round_f16 = lp_round_f16_avx2;
     if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni)
         k->int_level = lp_amx_available() ? LP_INT_AMX : LP_INT_AVX512VNNI;
     else if (avx2)

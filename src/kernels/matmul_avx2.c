@@ -74,24 +74,46 @@ AVX2 void lp_f16_to_f32_row_avx2(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = lp_f16_to_f32(src[i]);
 }
 
-AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) {
+/* 8 elements of b from i, stored as f32 or f16 (converted exactly). */
+AVX2 INLINE __m256 load_b8(const void *b, int64_t i, bool f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)b + i)));
+    return _mm256_loadu_ps((const float *)b + i);
+}
+
+AVX2 INLINE float dot_avx2(const float *a, const void *b, int64_t n, bool f16) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_b8(b, i, f16), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_b8(b, i + 8, f16), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load_b8(b, i + 16, f16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load_b8(b, i + 24, f16), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_b8(b, i, f16), s0);
     float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) s += a[i] * b[i];
+    for (; i < n; i++) s += a[i] * (f16 ? lp_f16_to_f32(((const uint16_t *)b)[i]) : ((const float *)b)[i]);
     return s;
 }
-AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk, int64_t d,
-                              float scale, float *s, int64_t s_stride) {
+
+AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_avx2(a, b, n, false); }
+
+/* F16C rounds to nearest even, as lp_f32_to_f16 does: the same bits. */
+AVX2 void lp_round_f16_avx2(float *x, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm256_storeu_ps(x + i, _mm256_cvtph_ps(_mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT)));
+    for (; i < n; i++) x[i] = lp_f16_to_f32(lp_f32_to_f16(x[i]));
+}
+
+AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
+                              int nk, int64_t d, float scale, float *s, int64_t s_stride) {
     for (int j = 0; j < nk; j++)
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_avx2(q + h * q_stride, k + j * k_stride, d) * scale;
+        for (int h = 0; h < nq; h++) {
+            const void *kj = k_f16 ? (const void *)((const uint16_t *)k + j * k_stride)
+                                   : (const void *)((const float *)k + j * k_stride);
+            float dot = k_f16 ? dot_avx2(q + h * q_stride, kj, d, true) : dot_avx2(q + h * q_stride, kj, d, false);
+            s[h * s_stride + j] = dot * scale;
+        }
 }
 
 /* Q4_0 / Q8_0 decoders: integer codes widen to int32, convert exactly to

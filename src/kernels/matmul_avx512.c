@@ -123,21 +123,24 @@ AVX512 INLINE __m256 sum8(const __m512 a[8]) {
 /* Keys or values fetched ahead in the attention kernels (rows). */
 #define ATTN_AHEAD 8
 
+/* Element e of a K/V row stream (f32 or f16 elements) as bytes. */
+#define KV_AT(base, e, f16) ((const char *)(base) + (e) * ((f16) ? 2 : 4))
+
 /* HN (a constant where it is inlined, so the accumulators stay in
- * registers) heads at qh against nk keys. */
-AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const float *k, int64_t k_stride, int nk,
-                                int64_t d, float scale, float *s, int64_t s_stride) {
+ * registers) heads at qh against nk keys (f32, or f16 converted exactly). */
+AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const void *k, bool f16, int64_t k_stride,
+                                int nk, int64_t d, float scale, float *s, int64_t s_stride) {
     for (int j = 0; j < nk; j++) {
-        const float *kj = k + j * k_stride;
+        const char *kj = KV_AT(k, j * k_stride, f16);
         /* keys stream from memory: fetch a few ahead, in walking order */
         if (j + ATTN_AHEAD < nk)
-            for (int64_t c = 0; c < d; c += 16) _mm_prefetch((const char *)(kj + ATTN_AHEAD * k_stride + c), _MM_HINT_T0);
+            for (int64_t c = 0; c < d; c += 16) _mm_prefetch(KV_AT(kj, ATTN_AHEAD * k_stride + c, f16), _MM_HINT_T0);
         __m512 acc[8];
         for (int h = 0; h < 8; h++) acc[h] = _mm512_setzero_ps();
         for (int64_t c = 0; c < d; c += 16) {
             int64_t left = d - c;
             __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-            __m512 kv = _mm512_maskz_loadu_ps(m, kj + c);
+            __m512 kv = load_w_masked(kj, c, m, f16);
             for (int h = 0; h < HN; h++)
                 acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + h * q_stride + c), kv, acc[h]);
         }
@@ -151,22 +154,28 @@ AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const
  * 8 sums finished by one tree (sum8). A score depends only on its query
  * and key (not on the other heads, the block or the stride), so a row's
  * attention does not depend on the batch. */
-AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride,
-                                  int nk, int64_t d, float scale, float *s, int64_t s_stride) {
+AVX512 INLINE void scores_all(const float *q, int64_t q_stride, int nq, const void *k, bool f16, int64_t k_stride,
+                              int nk, int64_t d, float scale, float *s, int64_t s_stride) {
     int h0 = 0;
     for (; h0 + 8 <= nq; h0 += 8)
-        scores_heads(q + h0 * q_stride, q_stride, 8, k, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+        scores_heads(q + h0 * q_stride, q_stride, 8, k, f16, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
     if (nq - h0 >= 4) {
-        scores_heads(q + h0 * q_stride, q_stride, 4, k, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+        scores_heads(q + h0 * q_stride, q_stride, 4, k, f16, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
         h0 += 4;
     }
     for (; h0 < nq; h0++)
-        scores_heads(q + h0 * q_stride, q_stride, 1, k, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+        scores_heads(q + h0 * q_stride, q_stride, 1, k, f16, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
+}
+
+AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
+                                  int nk, int64_t d, float scale, float *s, int64_t s_stride) {
+    if (k_f16) scores_all(q, q_stride, nq, k, true, k_stride, nk, d, scale, s, s_stride);
+    else scores_all(q, q_stride, nq, k, false, k_stride, nk, d, scale, s, s_stride);
 }
 
 /* HN (constant where inlined) heads x 64 outputs from column c. */
 AVX512 INLINE void mix_heads(float *out, int64_t out_stride, int HN, const float *p, int64_t p_stride,
-                             const float *v, int64_t v_stride, int nk, int64_t d, int64_t c) {
+                             const void *v, bool f16, int64_t v_stride, int nk, int64_t d, int64_t c) {
     __mmask16 m[4];
     for (int i = 0; i < 4; i++) {
         int64_t left = d - c - 16 * i;
@@ -178,8 +187,8 @@ AVX512 INLINE void mix_heads(float *out, int64_t out_stride, int HN, const float
     for (int j = 0; j < nk; j++) {
         __m512 vj[4];
         if (j + ATTN_AHEAD < nk)
-            for (int i = 0; i < 4; i++) _mm_prefetch((const char *)(v + (j + ATTN_AHEAD) * v_stride + c + 16 * i), _MM_HINT_T0);
-        for (int i = 0; i < 4; i++) vj[i] = _mm512_maskz_loadu_ps(m[i], v + j * v_stride + c + 16 * i);
+            for (int i = 0; i < 4; i++) _mm_prefetch(KV_AT(v, (j + ATTN_AHEAD) * v_stride + c + 16 * i, f16), _MM_HINT_T0);
+        for (int i = 0; i < 4; i++) vj[i] = load_w_masked(KV_AT(v, j * v_stride, f16), c + 16 * i, m[i], f16);
         for (int h = 0; h < HN; h++) {
             __m512 pv = _mm512_set1_ps(p[h * p_stride + j]);
             for (int i = 0; i < 4; i++) acc[h][i] = _mm512_fmadd_ps(pv, vj[i], acc[h][i]);
@@ -193,15 +202,21 @@ AVX512 INLINE void mix_heads(float *out, int64_t out_stride, int HN, const float
  * every value row passes (one load per row and chunk instead of a load and
  * store of the output per head and row), one fma per element and row, in
  * row order. */
-AVX512 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride,
-                               const float *v, int64_t v_stride, int nk, int64_t d) {
+AVX512 INLINE void mix_all(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v,
+                           bool f16, int64_t v_stride, int nk, int64_t d) {
     for (int64_t c = 0; c < d; c += 64) {
         int h0 = 0;
         for (; h0 + 4 <= nq; h0 += 4)
-            mix_heads(out + h0 * out_stride, out_stride, 4, p + h0 * p_stride, p_stride, v, v_stride, nk, d, c);
+            mix_heads(out + h0 * out_stride, out_stride, 4, p + h0 * p_stride, p_stride, v, f16, v_stride, nk, d, c);
         for (; h0 < nq; h0++)
-            mix_heads(out + h0 * out_stride, out_stride, 1, p + h0 * p_stride, p_stride, v, v_stride, nk, d, c);
+            mix_heads(out + h0 * out_stride, out_stride, 1, p + h0 * p_stride, p_stride, v, f16, v_stride, nk, d, c);
     }
+}
+
+AVX512 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride,
+                               const void *v, bool v_f16, int64_t v_stride, int nk, int64_t d) {
+    if (v_f16) mix_all(out, out_stride, nq, p, p_stride, v, true, v_stride, nk, d);
+    else mix_all(out, out_stride, nq, p, p_stride, v, false, v_stride, nk, d);
 }
 
 /* y += a * x as a multiply then an add (no fma), like the reference. */

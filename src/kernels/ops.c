@@ -13,16 +13,42 @@ void lp_axpy(float *y, float a, const float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) y[i] += a * x[i];
 }
 
-void lp_attn_scores(const float *q, int64_t q_stride, int nq, const float *k, int64_t k_stride, int nk, int64_t d, float scale,
-                    float *s, int64_t s_stride) {
-    for (int j = 0; j < nk; j++)
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, k + j * k_stride, d) * scale;
+void lp_round_f16(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = lp_f16_to_f32(lp_f32_to_f16(x[i]));
 }
 
-void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const float *v, int64_t v_stride, int nk,
-                 int64_t d) {
+/* Element i of a K or V row stored as f32 or f16. */
+static inline float kv_at(const void *row, int64_t i, bool f16) {
+    return f16 ? lp_f16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+}
+
+static const void *kv_row(const void *base, int64_t j, int64_t stride, bool f16) {
+    return f16 ? (const void *)((const uint16_t *)base + j * stride) : (const void *)((const float *)base + j * stride);
+}
+
+/* lp_dot_f32_ref and lp_axpy with the K/V side converted element by element:
+ * the same operations on the same values, whatever the storage. */
+void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
+                    int64_t d, float scale, float *s, int64_t s_stride) {
+    for (int j = 0; j < nk; j++) {
+        const void *kj = kv_row(k, j, k_stride, k_f16);
+        for (int h = 0; h < nq; h++) {
+            const float *qh = q + h * q_stride;
+            float dot = 0;
+            for (int64_t i = 0; i < d; i++) dot += qh[i] * kv_at(kj, i, k_f16);
+            s[h * s_stride + j] = dot * scale;
+        }
+    }
+}
+
+void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v, bool v_f16,
+                 int64_t v_stride, int nk, int64_t d) {
     for (int h = 0; h < nq; h++)
-        for (int j = 0; j < nk; j++) lp_axpy(out + h * out_stride, p[h * p_stride + j], v + j * v_stride, d);
+        for (int j = 0; j < nk; j++) {
+            const void *vj = kv_row(v, j, v_stride, v_f16);
+            float a = p[h * p_stride + j], *y = out + h * out_stride;
+            for (int64_t i = 0; i < d; i++) y[i] += a * kv_at(vj, i, v_f16);
+        }
 }
 
 /* The sum of squares runs in double: for large n a float sum would drift,

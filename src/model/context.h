@@ -7,15 +7,16 @@
 #include "adapter.h"
 #include "model.h"
 
-/* KV entries live in fixed-size blocks shared by reference count. A block
- * holds block_tokens entries for every layer, laid out
- * [layer][kv_head][token][head_dim] so one head's keys are contiguous. */
+/* KV entries live in fixed-size blocks shared by reference count, as f16
+ * (default) or f32 elements; see kv.c for the layout. */
 typedef struct lp_kv_cache {
     int block_tokens;
     int n_blocks;
     int n_layers, n_kv_heads, head_dim;
-    size_t block_floats;   /* floats per block for K (same for V) */
-    float *k, *v;
+    bool f16;              /* elements are f16 (else f32) */
+    size_t elem_bytes;     /* 2 or 4 */
+    size_t block_elems;    /* elements per block for K (same for V) */
+    uint8_t *k, *v;
     int *refcount;         /* per block; 0 = free */
     int *free_list;        /* stack of free block ids */
     int n_free;
@@ -78,8 +79,8 @@ struct lp_context {
 };
 
 /* KV helpers shared by forward and the sequence API (kv.c). */
-float *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token);
-float *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token);
+void *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token);
+void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token);
 /* Blocks a sequence needs to grow by n entries (counting a copy-on-write of a
  * shared partial last block). */
 int lp_kv_blocks_needed(const lp_context *ctx, int seq, int n);

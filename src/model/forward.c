@@ -93,14 +93,16 @@ static int kv_init(lp_context *ctx, lp_error *err) {
      * copy-on-write of a shared partial block. */
     kv->n_blocks = (ctx->params.n_ctx + kv->block_tokens - 1) / kv->block_tokens +
                    ctx->params.max_sequences;
-    kv->block_floats = (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
-                       (size_t)kv->block_tokens * (size_t)hp->head_dim;
+    kv->f16 = !ctx->params.kv_f32;
+    kv->elem_bytes = kv->f16 ? sizeof(uint16_t) : sizeof(float);
+    kv->block_elems = (size_t)hp->n_layers * (size_t)hp->n_kv_heads *
+                      (size_t)kv->block_tokens * (size_t)hp->head_dim;
     bool ok = true;
     size_t total;
-    if (!lp_mul_ok(kv->block_floats, (size_t)kv->n_blocks, &total))
+    if (!lp_mul_ok(kv->block_elems, (size_t)kv->n_blocks, &total))
         return lp_fail(err, "KV cache size overflows");
-    kv->k = plan_alloc(total, sizeof(float), &ok);
-    kv->v = plan_alloc(total, sizeof(float), &ok);
+    kv->k = plan_alloc(total, kv->elem_bytes, &ok);
+    kv->v = plan_alloc(total, kv->elem_bytes, &ok);
     kv->refcount = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
     kv->free_list = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
     if (!ok) return lp_fail(err, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);
@@ -346,16 +348,16 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     int bt = kv->block_tokens;
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
-        const float *k = lp_kv_key(kv, s->blocks[t / bt], layer, g, 0);
-        ctx->kern.attn_scores(q, d, per, k, d, nk, d, scale, scores + t, n_all);
+        const void *k = lp_kv_key(kv, s->blocks[t / bt], layer, g, 0);
+        ctx->kern.attn_scores(q, d, per, k, kv->f16, d, nk, d, scale, scores + t, n_all);
     }
     /* The chain in runs of consecutive rows (a prefill chain is one run),
      * walked downwards with a negative stride, so scores keep their order. */
     int n = s->length;
     for (int a = r; a >= 0;) {
         int len = chain_run(ctx, a);
-        ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, -(int64_t)kv_dim, len, d, scale, scores + n,
-                              n_all);
+        ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, false, -(int64_t)kv_dim, len, d, scale,
+                              scores + n, n_all);
         n += len;
         a = ctx->rows[a - len + 1].parent;
     }
@@ -365,13 +367,14 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     memset(out, 0, (size_t)per * (size_t)d * sizeof(float));
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
-        const float *v = lp_kv_value(kv, s->blocks[t / bt], layer, g, 0);
-        ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, d, nk, d);
+        const void *v = lp_kv_value(kv, s->blocks[t / bt], layer, g, 0);
+        ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, kv->f16, d, nk, d);
     }
     n = s->length;
     for (int a = r; a >= 0;) {
         int len = chain_run(ctx, a);
-        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, -(int64_t)kv_dim, len, d);
+        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, false, -(int64_t)kv_dim, len,
+                           d);
         n += len;
         a = ctx->rows[a - len + 1].parent;
     }
@@ -554,6 +557,13 @@ static void qkv_finish_row(const rows_task *t, int r) {
     }
     rope_apply(ctx, r, q, hp->n_heads);
     rope_apply(ctx, r, k, hp->n_kv_heads);
+    if (ctx->kv.f16) {
+        /* what the cache will hold, so this row's own batch (chains,
+         * speculative trees) reads exactly the values a later row reads
+         * back from the cache */
+        ctx->kern.round_f16(k, kv_dim);
+        ctx->kern.round_f16(t->v_new + r * kv_dim, kv_dim);
+    }
 }
 
 static void row_step_one(const rows_task *t, int r) {

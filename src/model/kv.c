@@ -11,15 +11,26 @@
 static size_t block_offset(const lp_kv_cache *kv, int block, int layer, int head, int token) {
     size_t stream = (size_t)layer * (size_t)kv->n_kv_heads + (size_t)head;
     return ((stream * (size_t)kv->n_blocks + (size_t)block) * (size_t)kv->block_tokens + (size_t)token) *
-           (size_t)kv->head_dim;
+           (size_t)kv->head_dim * kv->elem_bytes;
 }
 
-float *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token) {
+void *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token) {
     return kv->k + block_offset(kv, block, layer, head, token);
 }
 
-float *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token) {
+void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token) {
     return kv->v + block_offset(kv, block, layer, head, token);
+}
+
+/* One head's n values into the cache's element type. With f16 they were
+ * rounded to f16 when made (qkv_finish_row), so the conversion is exact. */
+static void kv_store(const lp_kv_cache *kv, void *dst, const float *src, int n) {
+    if (!kv->f16) {
+        memcpy(dst, src, (size_t)n * sizeof(float));
+        return;
+    }
+    uint16_t *h = dst;
+    for (int i = 0; i < n; i++) h[i] = lp_f32_to_f16(src[i]);
 }
 
 static int block_alloc(lp_kv_cache *kv) {
@@ -56,7 +67,7 @@ void lp_kv_append_row(lp_context *ctx, int r) {
     } else if (kv->refcount[s->blocks[bi]] > 1) {
         /* The partial block is shared with another sequence: copy it first. */
         int old = s->blocks[bi], fresh = block_alloc(kv);
-        size_t bytes = (size_t)bt * (size_t)hp->head_dim * sizeof(float);
+        size_t bytes = (size_t)bt * (size_t)hp->head_dim * kv->elem_bytes;
         for (int l = 0; l < hp->n_layers; l++)
             for (int h = 0; h < hp->n_kv_heads; h++) {
                 memcpy(lp_kv_key(kv, fresh, l, h, 0), lp_kv_key(kv, old, l, h, 0), bytes);
@@ -71,10 +82,8 @@ void lp_kv_append_row(lp_context *ctx, int r) {
         const float *k = ctx->k_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
         const float *v = ctx->v_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
         for (int h = 0; h < hp->n_kv_heads; h++) {
-            memcpy(lp_kv_key(kv, block, l, h, slot), k + (size_t)h * (size_t)hp->head_dim,
-                   (size_t)hp->head_dim * sizeof(float));
-            memcpy(lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim,
-                   (size_t)hp->head_dim * sizeof(float));
+            kv_store(kv, lp_kv_key(kv, block, l, h, slot), k + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
+            kv_store(kv, lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
         }
     }
     s->tokens[s->length] = ctx->rows[r].token;
