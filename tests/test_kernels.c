@@ -768,7 +768,7 @@ static void test_ops(void) {
 static void test_f16_kv(void) {
     level_setup levels[4];
     int n_levels = supported_levels(levels);
-    enum { D = 100, NK = 9, NQ = 8, NR = 64 };
+    enum { NK = 9, NQ = 8, NR = 64, DMAX = 272 };
     lp_rng rng;
     lp_rng_seed(&rng, 41);
     static const float edge[] = {0.0f, -0.0f, 65504.0f, 65520.0f, -65519.0f, 1e-8f, 2.98023224e-8f, 5.96046448e-8f,
@@ -777,35 +777,45 @@ static void test_f16_kv(void) {
     for (int i = 0; i < NR; i++) vals[i] = (lp_rng_uniform(&rng) - 0.5f) * (float)(1 << (i % 20)) * 1e-3f;
     memcpy(vals + NR, edge, sizeof edge);
     for (int i = 0; i < NR + 14; i++) want[i] = lp_f16_to_f32(lp_f32_to_f16(vals[i]));
-    float q[NQ * D], kf[NK * D], vf[NK * D], p[NQ * NK];
-    uint16_t kh[NK * D], vh[NK * D];
-    for (int i = 0; i < NQ * D; i++) q[i] = lp_rng_uniform(&rng) - 0.5f;
-    for (int i = 0; i < NK * D; i++) {
-        kh[i] = lp_f32_to_f16(lp_rng_uniform(&rng) * 4.0f - 2.0f);
-        vh[i] = lp_f32_to_f16(lp_rng_uniform(&rng) * 4.0f - 2.0f);
-        kf[i] = lp_f16_to_f32(kh[i]);
-        vf[i] = lp_f16_to_f32(vh[i]);
-    }
-    for (int i = 0; i < NQ * NK; i++) p[i] = lp_rng_uniform(&rng) / NK;
     for (int l = 0; l < n_levels; l++) {
-        const lp_kernels *k = &levels[l].k;
         float got[NR + 14];
         memcpy(got, vals, sizeof got);
-        k->round_f16(got, NR + 14);
+        levels[l].k.round_f16(got, NR + 14);
         CHECK_MSG(memcmp(got, want, sizeof got) == 0, "round_f16 %s differs from lp_f32_to_f16", levels[l].name);
-        int bad = 0;
-        for (int nq = 1; nq <= NQ; nq += 3)
-            for (int dir = 1; dir >= -1; dir -= 2) {
-                int64_t at = dir > 0 ? 0 : (NK - 1) * D;
-                float s_f[NQ * NK], s_h[NQ * NK], o_f[NQ * D] = {0}, o_h[NQ * D] = {0};
-                k->attn_scores(q, D, nq, kf + at, false, dir * D, NK, D, 0.125f, s_f, NK);
-                k->attn_scores(q, D, nq, kh + at, true, dir * D, NK, D, 0.125f, s_h, NK);
-                bad += memcmp(s_f, s_h, (size_t)(nq * NK) * sizeof(float)) != 0;
-                k->attn_mix(o_f, D, nq, p, NK, vf + at, false, dir * D, NK, D);
-                k->attn_mix(o_h, D, nq, p, NK, vh + at, true, dir * D, NK, D);
-                bad += memcmp(o_f, o_h, (size_t)(nq * D) * sizeof(float)) != 0;
-            }
-        CHECK_MSG(bad == 0, "attention %s: %d cases where f16 K/V differ from their f32 values", levels[l].name, bad);
+    }
+    /* head dims below and above the reference's per-row conversion buffer */
+    static float q[NQ * DMAX], kf[NK * DMAX], vf[NK * DMAX], p[NQ * NK];
+    static uint16_t kh[NK * DMAX], vh[NK * DMAX];
+    static const int dims[] = {100, DMAX};
+    for (int di = 0; di < 2; di++) {
+        int D = dims[di];
+        for (int i = 0; i < NQ * D; i++) q[i] = lp_rng_uniform(&rng) - 0.5f;
+        for (int i = 0; i < NK * D; i++) {
+            kh[i] = lp_f32_to_f16(lp_rng_uniform(&rng) * 4.0f - 2.0f);
+            vh[i] = lp_f32_to_f16(lp_rng_uniform(&rng) * 4.0f - 2.0f);
+            kf[i] = lp_f16_to_f32(kh[i]);
+            vf[i] = lp_f16_to_f32(vh[i]);
+        }
+        for (int i = 0; i < NQ * NK; i++) p[i] = lp_rng_uniform(&rng) / NK;
+        for (int l = 0; l < n_levels; l++) {
+            const lp_kernels *k = &levels[l].k;
+            int bad = 0;
+            for (int nq = 1; nq <= NQ; nq += 3)
+                for (int dir = 1; dir >= -1; dir -= 2) {
+                    int64_t at = dir > 0 ? 0 : (int64_t)(NK - 1) * D;
+                    static float s_f[NQ * NK], s_h[NQ * NK], o_f[NQ * DMAX], o_h[NQ * DMAX];
+                    memset(o_f, 0, sizeof o_f);
+                    memset(o_h, 0, sizeof o_h);
+                    k->attn_scores(q, D, nq, kf + at, false, dir * D, NK, D, 0.125f, s_f, NK);
+                    k->attn_scores(q, D, nq, kh + at, true, dir * D, NK, D, 0.125f, s_h, NK);
+                    bad += memcmp(s_f, s_h, (size_t)(nq * NK) * sizeof(float)) != 0;
+                    k->attn_mix(o_f, D, nq, p, NK, vf + at, false, dir * D, NK, D);
+                    k->attn_mix(o_h, D, nq, p, NK, vh + at, true, dir * D, NK, D);
+                    bad += memcmp(o_f, o_h, (size_t)(nq * D) * sizeof(float)) != 0;
+                }
+            CHECK_MSG(bad == 0, "attention %s, head dim %d: %d cases where f16 K/V differ from their f32 values",
+                      levels[l].name, D, bad);
+        }
     }
 }
 

@@ -17,38 +17,57 @@ void lp_round_f16(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = lp_f16_to_f32(lp_f32_to_f16(x[i]));
 }
 
-/* Element i of a K or V row stored as f32 or f16. */
-static inline float kv_at(const void *row, int64_t i, bool f16) {
-    return f16 ? lp_f16_to_f32(((const uint16_t *)row)[i]) : ((const float *)row)[i];
+/* Row j of a K or V run as floats: f32 rows in place, f16 rows converted
+ * (exactly) into buf, once for all the heads that read it. Rows wider
+ * than buf are converted element by element by the callers instead. */
+#define KV_ROW_MAX 256
+static const float *kv_row(const void *base, int64_t j, int64_t stride, bool f16, int64_t d, float *buf) {
+    if (!f16) return (const float *)base + j * stride;
+    const uint16_t *h = (const uint16_t *)base + j * stride;
+    for (int64_t i = 0; i < d; i++) buf[i] = lp_f16_to_f32(h[i]);
+    return buf;
 }
 
-static const void *kv_row(const void *base, int64_t j, int64_t stride, bool f16) {
-    return f16 ? (const void *)((const uint16_t *)base + j * stride) : (const void *)((const float *)base + j * stride);
+static float kv_elem(const void *base, int64_t j, int64_t stride, bool f16, int64_t i) {
+    return f16 ? lp_f16_to_f32(((const uint16_t *)base)[j * stride + i]) : ((const float *)base)[j * stride + i];
 }
 
-/* lp_dot_f32_ref and lp_axpy with the K/V side converted element by element:
- * the same operations on the same values, whatever the storage. */
+/* lp_dot_f32_ref and lp_axpy with the K/V side as floats: the same
+ * operations on the same values, whatever the storage. */
 void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
                     int64_t d, float scale, float *s, int64_t s_stride) {
+    float buf[KV_ROW_MAX];
     for (int j = 0; j < nk; j++) {
-        const void *kj = kv_row(k, j, k_stride, k_f16);
+        if (d <= KV_ROW_MAX) {
+            const float *kj = kv_row(k, j, k_stride, k_f16, d, buf);
+            for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, kj, d) * scale;
+            continue;
+        }
         for (int h = 0; h < nq; h++) {
             const float *qh = q + h * q_stride;
             float dot = 0;
-            for (int64_t i = 0; i < d; i++) dot += qh[i] * kv_at(kj, i, k_f16);
+            for (int64_t i = 0; i < d; i++) dot += qh[i] * kv_elem(k, j, k_stride, k_f16, i);
             s[h * s_stride + j] = dot * scale;
         }
     }
 }
 
+/* Rows j in order for every head: each output still sums its terms in row
+ * order, as one lp_axpy per row would. */
 void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v, bool v_f16,
                  int64_t v_stride, int nk, int64_t d) {
-    for (int h = 0; h < nq; h++)
-        for (int j = 0; j < nk; j++) {
-            const void *vj = kv_row(v, j, v_stride, v_f16);
-            float a = p[h * p_stride + j], *y = out + h * out_stride;
-            for (int64_t i = 0; i < d; i++) y[i] += a * kv_at(vj, i, v_f16);
+    float buf[KV_ROW_MAX];
+    for (int j = 0; j < nk; j++) {
+        if (d <= KV_ROW_MAX) {
+            const float *vj = kv_row(v, j, v_stride, v_f16, d, buf);
+            for (int h = 0; h < nq; h++) lp_axpy(out + h * out_stride, p[h * p_stride + j], vj, d);
+            continue;
         }
+        for (int h = 0; h < nq; h++) {
+            float a = p[h * p_stride + j], *y = out + h * out_stride;
+            for (int64_t i = 0; i < d; i++) y[i] += a * kv_elem(v, j, v_stride, v_f16, i);
+        }
+    }
 }
 
 /* The sum of squares runs in double: for large n a float sum would drift,
