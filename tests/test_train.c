@@ -403,6 +403,19 @@ static void test_resume_and_threads(void) {
 
 static const char *vocab_path(void) { return LP_SHARED_MODELS "/stories260K.gguf"; }
 
+
+/* A one-sequence inference context for T rows with logits, to compare with
+ * the trainer's forward (f32 throughout, so the KV cache is f32 too). */
+static lp_context *runtime_context(const lp_model *rt, int T, lp_error *err) {
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = 1;
+    cp.max_rows = T;
+    cp.max_logit_rows = T;
+    cp.max_sequences = 1;
+    cp.n_ctx = 64;
+    cp.kv_f32 = true;
+    return lp_context_create(rt, &cp, err);
+}
 static void test_export_gguf(lp_threadpool *pool) {
     lp_error err;
     lp_train_config c = {
@@ -427,14 +440,7 @@ static void test_export_gguf(lp_threadpool *pool) {
         lp_model *rt = lp_model_load(path, NULL, &err);
         CHECK_MSG(rt != NULL, "%s", err.message);
         if (rt) {
-            lp_context_params cp = lp_context_default_params();
-            cp.n_threads = 1;
-            cp.max_rows = T;
-            cp.max_logit_rows = T;
-            cp.max_sequences = 1;
-            cp.n_ctx = 64;
-            cp.kv_f32 = true; /* the trainer's forward is f32 throughout */
-            lp_context *ctx = lp_context_create(rt, &cp, &err);
+            lp_context *ctx = runtime_context(rt, T, &err);
             CHECK_MSG(ctx != NULL, "%s", err.message);
             lp_row rows[T];
             for (int i = 0; i < T; i++)
@@ -497,14 +503,7 @@ static void test_peft_runtime(void) {
     lp_adapter *ad = rt ? lp_adapter_load(rt, dir, 1.0f, &err) : NULL;
     CHECK_MSG(ad != NULL, "%s", err.message);
     if (ad) {
-        lp_context_params cp = lp_context_default_params();
-        cp.n_threads = 1;
-        cp.max_rows = T;
-        cp.max_logit_rows = T;
-        cp.max_sequences = 1;
-        cp.n_ctx = 64;
-        cp.kv_f32 = true; /* the trainer's forward is f32 throughout */
-        lp_context *ctx = lp_context_create(rt, &cp, &err);
+        lp_context *ctx = runtime_context(rt, T, &err);
         CHECK(ctx && lp_context_bind_adapter(ctx, 1, ad, &err) == 0);
         lp_row rows[T];
         for (int i = 0; i < T; i++)
