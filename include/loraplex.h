@@ -168,6 +168,9 @@ int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err);
 /* KV blocks in use / total (for tests and memory reports). */
 void lp_kv_usage(const lp_context *ctx, int *blocks_used, int *blocks_total,
                  int *block_tokens);
+/* Bytes of one KV block: keys and values of block_tokens entries in every
+ * layer (f16 or f32, as the context keeps them). */
+size_t lp_kv_block_bytes(const lp_context *ctx);
 
 /* ---- adapters ----------------------------------------------------------------- */
 

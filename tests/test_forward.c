@@ -182,6 +182,23 @@ static void test_batch_equivalences(const char *path) {
     lp_model_free(m);
 }
 
+/* A KV block holds K and V for every layer in f16 by default, f32 on
+ * request, and reports its size. */
+static void test_kv_block_bytes(void) {
+    lp_error err;
+    lp_model *m = lp_model_load(shared("stories260K.gguf"), NULL, &err);
+    CHECK(m != NULL);
+    if (!m) return;
+    lp_context *h = make_ctx_kv(m, 1, 8, 1, false), *f = make_ctx_kv(m, 1, 8, 1, true);
+    int bt = 0;
+    lp_kv_usage(h, NULL, NULL, &bt);
+    size_t elems = 2 * (size_t)m->hp.n_layers * (size_t)m->hp.n_kv_heads * (size_t)bt * (size_t)m->hp.head_dim;
+    CHECK(h && f && lp_kv_block_bytes(h) == elems * 2 && lp_kv_block_bytes(f) == elems * 4);
+    lp_context_free(h);
+    lp_context_free(f);
+    lp_model_free(m);
+}
+
 /* Forks share blocks; a stream never sees another's tokens; a parent chain
  * with deferred commit equals committing as we go. */
 static void test_fork_and_tree(void) {
@@ -347,6 +364,7 @@ static void test_synth_models(void) {
 }
 
 int main(void) {
+    test_kv_block_bytes();
     test_synth_models();
     test_two_file_forms();
     test_reference_output(shared("stories260K.gguf"), NULL);

@@ -783,7 +783,7 @@ static void test_f16_kv(void) {
         levels[l].k.round_f16(got, NR + 14);
         CHECK_MSG(memcmp(got, want, sizeof got) == 0, "round_f16 %s differs from lp_f32_to_f16", levels[l].name);
     }
-    /* head dims below and above the reference's per-row conversion buffer */
+    /* an odd-sized head (vector tails) and a wide one */
     static float q[NQ * DMAX], kf[NK * DMAX], vf[NK * DMAX], p[NQ * NK];
     static uint16_t kh[NK * DMAX], vh[NK * DMAX];
     static const int dims[] = {100, DMAX};

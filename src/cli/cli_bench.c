@@ -97,16 +97,6 @@ static uint64_t weight_bytes_per_token(const lp_model *model) {
     return p.bytes < info.weight_bytes ? info.weight_bytes - p.bytes : info.weight_bytes;
 }
 
-/* KV bytes of one block: K and V, every layer, f16 (or f32 with --kv-f32). */
-static uint64_t kv_block_bytes(const lp_context *ctx, bool kv_f32) {
-    lp_model_info info;
-    int used, total, block_tokens;
-    lp_model_get_info(lp_context_model(ctx), &info);
-    lp_kv_usage(ctx, &used, &total, &block_tokens);
-    return 2ull * (uint64_t)info.n_layers * (uint64_t)info.n_kv_heads * (uint64_t)info.head_dim *
-           (uint64_t)block_tokens * (kv_f32 ? 4ull : 2ull);
-}
-
 static void random_tokens(const lp_model *model, uint64_t seed, int32_t *out, int n) {
     lp_model_info info;
     lp_model_get_info(model, &info);
@@ -619,7 +609,7 @@ static int bench_streams(const bench_options *o) {
         n_mix = 3;
         for (int i = 0; i < n; i++) streams[i].adapter = 0;
     }
-    double block_mib = kv_block_bytes(ctx, o->kv_f32) / 1048576.0;
+    double block_mib = lp_kv_block_bytes(ctx) / 1048576.0;
     lp_model_info info;
     lp_model_get_info(e.model, &info);
     static const char *const mix_names[3] = {"own adapter each", "all adapter 1", "base only"};
@@ -639,7 +629,7 @@ static int bench_streams(const bench_options *o) {
             }
             print_summary_json("step_ms", p->step_ms);
             printf(",\"kv_bytes\":%llu,\"model_bytes\":%llu}\n",
-                   (unsigned long long)(p->conc_blocks * kv_block_bytes(ctx, o->kv_f32)),
+                   (unsigned long long)(p->conc_blocks * lp_kv_block_bytes(ctx)),
                    (unsigned long long)info.weight_bytes);
         }
     } else {

@@ -164,7 +164,7 @@ void lp_softmax(float *x, int64_t n);
 /* gate[i] = silu(gate[i]) * up[i] */
 void lp_silu_mul(float *gate, const float *up, int64_t n);
 float lp_dot_f32_ref(const float *a, const float *b, int64_t n);
-/* s[h*s_stride + j] = scale * dot(q + h*q_stride, k_j) over d elements,
+/* s[h*s_stride + j] = scale * dot(q + h*q_stride, k_j) over d <= LP_HEAD_DIM_MAX elements,
  * k_j = k + j*k_stride (elements: f32, or f16 when k_f16), for h < nq and
  * j < nk (a negative k_stride walks rows backwards). An f16 key gives the
  * bits its f32 value would: the KV cache may store either. */
@@ -179,5 +179,8 @@ void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t
 void lp_axpy(float *y, float a, const float *x, int64_t n);
 /* x[i] = the f16 value nearest x[i] (round to nearest even), as f32 */
 void lp_round_f16(float *x, int64_t n);
+/* The widest attention head a model may have (checked at load): the
+ * reference attention converts one f16 K/V row of it on the stack. */
+#define LP_HEAD_DIM_MAX 1024
 
 #endif

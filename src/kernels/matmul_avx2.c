@@ -107,13 +107,14 @@ AVX2 void lp_round_f16_avx2(float *x, int64_t n) {
 
 AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
                               int nk, int64_t d, float scale, float *s, int64_t s_stride) {
-    for (int j = 0; j < nk; j++)
+    for (int j = 0; j < nk; j++) {
+        const void *kj = k_f16 ? (const void *)((const uint16_t *)k + j * k_stride)
+                               : (const void *)((const float *)k + j * k_stride);
         for (int h = 0; h < nq; h++) {
-            const void *kj = k_f16 ? (const void *)((const uint16_t *)k + j * k_stride)
-                                   : (const void *)((const float *)k + j * k_stride);
             float dot = k_f16 ? dot_avx2(q + h * q_stride, kj, d, true) : dot_avx2(q + h * q_stride, kj, d, false);
             s[h * s_stride + j] = dot * scale;
         }
+    }
 }
 
 /* Q4_0 / Q8_0 decoders: integer codes widen to int32, convert exactly to

@@ -18,9 +18,8 @@ void lp_round_f16(float *x, int64_t n) {
 }
 
 /* Row j of a K or V run as floats: f32 rows in place, f16 rows converted
- * (exactly) into buf, once for all the heads that read it. Rows wider
- * than buf are converted element by element by the callers instead. */
-#define KV_ROW_MAX 256
+ * (exactly) into buf (d <= LP_HEAD_DIM_MAX), once for all the heads that
+ * read it. */
 static const float *kv_row(const void *base, int64_t j, int64_t stride, bool f16, int64_t d, float *buf) {
     if (!f16) return (const float *)base + j * stride;
     const uint16_t *h = (const uint16_t *)base + j * stride;
@@ -28,27 +27,14 @@ static const float *kv_row(const void *base, int64_t j, int64_t stride, bool f16
     return buf;
 }
 
-static float kv_elem(const void *base, int64_t j, int64_t stride, bool f16, int64_t i) {
-    return f16 ? lp_f16_to_f32(((const uint16_t *)base)[j * stride + i]) : ((const float *)base)[j * stride + i];
-}
-
-/* lp_dot_f32_ref and lp_axpy with the K/V side as floats: the same
+/* lp_dot_f32_ref and lp_axpy on the K/V rows as floats: the same
  * operations on the same values, whatever the storage. */
 void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
                     int64_t d, float scale, float *s, int64_t s_stride) {
-    float buf[KV_ROW_MAX];
+    float buf[LP_HEAD_DIM_MAX];
     for (int j = 0; j < nk; j++) {
-        if (d <= KV_ROW_MAX) {
-            const float *kj = kv_row(k, j, k_stride, k_f16, d, buf);
-            for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, kj, d) * scale;
-            continue;
-        }
-        for (int h = 0; h < nq; h++) {
-            const float *qh = q + h * q_stride;
-            float dot = 0;
-            for (int64_t i = 0; i < d; i++) dot += qh[i] * kv_elem(k, j, k_stride, k_f16, i);
-            s[h * s_stride + j] = dot * scale;
-        }
+        const float *kj = kv_row(k, j, k_stride, k_f16, d, buf);
+        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, kj, d) * scale;
     }
 }
 
@@ -56,17 +42,10 @@ void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, boo
  * order, as one lp_axpy per row would. */
 void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v, bool v_f16,
                  int64_t v_stride, int nk, int64_t d) {
-    float buf[KV_ROW_MAX];
+    float buf[LP_HEAD_DIM_MAX];
     for (int j = 0; j < nk; j++) {
-        if (d <= KV_ROW_MAX) {
-            const float *vj = kv_row(v, j, v_stride, v_f16, d, buf);
-            for (int h = 0; h < nq; h++) lp_axpy(out + h * out_stride, p[h * p_stride + j], vj, d);
-            continue;
-        }
-        for (int h = 0; h < nq; h++) {
-            float a = p[h * p_stride + j], *y = out + h * out_stride;
-            for (int64_t i = 0; i < d; i++) y[i] += a * kv_elem(v, j, v_stride, v_f16, i);
-        }
+        const float *vj = kv_row(v, j, v_stride, v_f16, d, buf);
+        for (int h = 0; h < nq; h++) lp_axpy(out + h * out_stride, p[h * p_stride + j], vj, d);
     }
 }
 

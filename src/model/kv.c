@@ -135,6 +135,8 @@ int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err) {
     return 0;
 }
 
+size_t lp_kv_block_bytes(const lp_context *ctx) { return 2 * ctx->kv.block_elems * ctx->kv.elem_bytes; }
+
 void lp_kv_usage(const lp_context *ctx, int *used, int *total, int *block_tokens) {
     if (used) *used = ctx->kv.n_blocks - ctx->kv.n_free;
     if (total) *total = ctx->kv.n_blocks;

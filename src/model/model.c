@@ -286,9 +286,9 @@ int lp_model_finish(lp_model *m, lp_error *err) {
     if (hp->n_heads % hp->n_kv_heads != 0)
         return lp_fail(err, "%s: %d heads are not a multiple of %d KV heads", m->path,
                        hp->n_heads, hp->n_kv_heads);
-    if (hp->head_dim % 2 != 0 || hp->head_dim > 1024)
-        return lp_fail(err, "%s: head dimension %d must be even and at most 1024", m->path,
-                       hp->head_dim);
+    if (hp->head_dim % 2 != 0 || hp->head_dim > LP_HEAD_DIM_MAX)
+        return lp_fail(err, "%s: head dimension %d must be even and at most %d", m->path,
+                       hp->head_dim, LP_HEAD_DIM_MAX);
     if (!(hp->rms_eps > 0.0f) || !(hp->rope_theta > 0.0f))
         return lp_fail(err, "%s: rms epsilon and rope theta must be positive", m->path);
     if (lp_tokenizer_n_vocab(m->tok) > hp->n_vocab)
