@@ -23,6 +23,7 @@
 
 #include <math.h>
 #include <stdatomic.h>
+#include <stdint.h>
 #include <string.h>
 
 /* ---- scratch ---------------------------------------------------------------------- */
@@ -35,12 +36,19 @@ static size_t act_row_bytes(int64_t cols, int64_t groups) {
     return (size_t)round64(cols) + 8 * (size_t)groups;
 }
 
+size_t lp_qact_pairs_bytes(int64_t groups, int64_t nb) { return (size_t)((groups + 1) / 2 * 2 * nb * 64); }
+
 int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_error *err) {
     if (max_rows <= 0 || max_cols <= 0)
         return lp_fail(err, "kernels: bad scratch shape %lld x %lld", (long long)max_rows, (long long)max_cols);
     size_t bytes;
     if (!lp_mul_ok(act_row_bytes(max_cols, max_cols / 32 + 1), (size_t)max_rows, &bytes))
         return lp_fail(err, "kernels: activation scratch size overflows");
+    /* room for the AMX pair layout of small batches (run_int_job) */
+    int64_t pair_rows = max_rows < LP_AMX_PAIR_MAX ? max_rows : LP_AMX_PAIR_MAX;
+    size_t pairs = lp_qact_pairs_bytes(max_cols / 32 + 1, pair_rows) + 64;
+    if (bytes > SIZE_MAX - pairs) return lp_fail(err, "kernels: activation scratch size overflows");
+    bytes += pairs;
     if (bytes <= k->scratch_bytes) return 0;
     void *p = lp_alloc(bytes);
     if (!p) return lp_fail(err, "kernels: out of memory for %zu bytes of activation scratch", bytes);
@@ -175,9 +183,24 @@ static quantize_fn pick_quantizer(int int_level) {
 static void place_qact(lp_qact *a, uint8_t *s, int64_t cols, int64_t groups, int64_t nb) {
     a->q_stride = round64(cols);
     a->groups = groups;
+    a->rows = nb;
     a->q = (int8_t *)s;
     a->d = (float *)(s + (size_t)nb * (size_t)a->q_stride);
     a->corr = (int32_t *)(a->d + nb * groups);
+    a->pairs = NULL;
+}
+
+void lp_qact_pair_row(const lp_qact *a, int64_t b) {
+    const int8_t *x = a->q + b * a->q_stride;
+    for (int64_t j = 0; j < (a->groups + 1) / 2; j++) {
+        int8_t *block = a->pairs + j * 2 * a->rows * 64;
+        int8_t *first = block + b * 64, *second = block + (a->rows + b) * 64;
+        memcpy(first, x + 64 * j, 32);
+        memset(first + 32, 0, 32);
+        memset(second, 0, 32);
+        if (2 * j + 1 < a->groups) memcpy(second + 32, x + 64 * j + 32, 32);
+        else memset(second + 32, 0, 32);
+    }
 }
 
 /* Quantizes rows [b0, b1) of X for weights of `type` into a. */
@@ -185,9 +208,11 @@ static void quantize_rows(int int_level, uint32_t type, const float *X, int64_t 
                           const lp_qact *a, int64_t b0, int64_t b1) {
     quantize_fn quantize = pick_quantizer(int_level);
     int offset = type == LP_W4 ? 8 : 128; /* the weight codes' bias */
-    for (int64_t b = b0; b < b1; b++)
+    for (int64_t b = b0; b < b1; b++) {
         quantize(X + b * x_stride, cols, group, offset, a->q + b * a->q_stride, a->d + b * a->groups,
                  a->corr + b * a->groups);
+        if (a->pairs) lp_qact_pair_row(a, b);
+    }
 }
 
 /* ---- the threaded driver ------------------------------------------------------------ */
@@ -278,6 +303,17 @@ static void float_worker(void *ctx, int ti, int nt) {
     }
 }
 
+/* A few rows at group 32 on AMX: the codes also go in pairs of groups
+ * (lp_qact.pairs), after the rest in the scratch. */
+static void place_pairs(const lp_kernels *k, int_job *job) {
+    lp_qact *a = &job->a;
+    if (k->int_level != LP_INT_AMX || job->geom[0].group != 32 || job->nb < LP_AMX_STREAM_MIN ||
+        job->nb > LP_AMX_PAIR_MAX)
+        return;
+    size_t used = (size_t)round64((int64_t)(act_row_bytes(job->W[0]->cols, a->groups) * (size_t)job->nb));
+    if (used + lp_qact_pairs_bytes(a->groups, job->nb) <= k->scratch_bytes) a->pairs = (int8_t *)k->scratch + used;
+}
+
 /* The integer path for job->n weights sharing one type, group and column
  * count: the batch in slices that fit the scratch, each slice quantized
  * once, then one GEMM pass over every weight's panels. */
@@ -293,6 +329,7 @@ static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_
         job->X = X + b0 * job->x_stride;
         for (int i = 0; i < job->n; i++) job->Y[i] = Y[i] + b0 * job->y_stride[i];
         place_qact(&job->a, k->scratch, job->W[0]->cols, job->geom[0].groups, job->nb);
+        place_pairs(k, job);
         /* Quantizing one or two rows is quicker than a pool round trip. */
         lp_threadpool_run(job->nb >= 4 ? gemm_pool : NULL, quant_worker, job);
         /* about 8 chunks per thread, whole 4-panel decode tiles */

@@ -54,7 +54,20 @@ typedef struct lp_qact {
     float *d;
     int32_t *corr;
     int64_t q_stride, groups;
+    int64_t rows; /* batch rows */
+    /* NULL, or the same codes laid out for the AMX pair stream (group 32,
+     * LP_AMX_STREAM_MIN..LP_AMX_PAIR_MAX rows): per pair of groups j a
+     * block of 2 x rows rows of 64 bytes; row b holds group 2j of batch
+     * row b in bytes 0-31, row rows + b group 2j+1 in bytes 32-63, zeros
+     * elsewhere, so one K = 64 tile multiply gives both groups' sums, in
+     * separate tile rows (see lp_qact_pair_rows). */
+    int8_t *pairs;
 } lp_qact;
+
+/* Bytes of lp_qact.pairs for nb rows of `groups` groups of 32. */
+size_t lp_qact_pairs_bytes(int64_t groups, int64_t nb);
+/* Copies batch row b of a->q into its places in a->pairs. */
+void lp_qact_pair_row(const lp_qact *a, int64_t b);
 
 /* One integer GEMM job: panels [p0, p1) of a packed matrix against batch
  * rows [0, nb) of a. y[b*y_stride + r] for r = 16*p + lane < rows. */
@@ -101,6 +114,9 @@ bool lp_amx_available(void);
  * at 12-16 (one 5632 x 2048 W4 matrix from DRAM, one thread). */
 #define LP_AMX_STREAM_MIN 4
 #define LP_AMX_STREAM_MAX 16
+/* Up to this many rows (2 rows per batch row fill a 16-row tile), the
+ * stream multiplies two groups per tile operation (lp_qact.pairs). */
+#define LP_AMX_PAIR_MAX 8
 /* GCC builds the dotprod kernels through a target attribute; clang 14's
  * arm_neon.h only declares the lane forms when the whole file targets
  * dotprod (-march=armv8.2-a+dotprod), so with clang they need that flag. */
