@@ -253,7 +253,7 @@ static void quant_worker(void *ctx, int ti, int nt) {
  * the end of each pass on average (decode, 2 threads: +2 % tok/s over six
  * alternating runs). */
 static bool claim_panels(int_job *job, int64_t *p0, int64_t *p1) {
-    int64_t next = atomic_load_explicit(&job->next_panel, memory_order_relaxed);
+    long long next = atomic_load_explicit(&job->next_panel, memory_order_relaxed);
     for (;;) {
         if (next >= job->total_panels) return false;
         int64_t n = ((job->total_panels - next) / (2 * job->threads) + 3) & ~(int64_t)3;
