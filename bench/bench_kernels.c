@@ -3,7 +3,7 @@
  *   cd /work/main && gcc -std=c11 -O3 -D_GNU_SOURCE -Iinclude -Isrc \
  *       bench/bench_kernels.c src/kernels/[a-z]*.c src/base/[a-z]*.c \
  *       -lpcre2-8 -lcjson -lpthread -lm -o /tmp/bench_kernels
- *   /tmp/bench_kernels [repeats] [type filter, e.g. "W4"]
+ *   /tmp/bench_kernels [repeats] [type filter, e.g. "W4"] [decode rows, 1-32]
  *
  * Roofline: read bandwidth of a 2 GiB buffer summed with AVX-512 loads
  * (STREAM-like "sum"), 1 and 2 threads, measured in the same run.
@@ -11,9 +11,11 @@
  * Decode: TinyLlama-shaped layers (q,k,v,o,gate,up,down) of each weight
  * type are allocated, as many as make at least 2.2 GB (22 layers for F16,
  * ~90 for W4), so that like the roofline buffer the working set is far
- * beyond the 480 MB L3; one pass over every matrix in order (n_batch 1)
+ * beyond the 480 MB L3; one pass over every matrix in order (one row)
  * is timed: GB/s = bytes / time, compared with the read roofline of the
- * same thread count. tok/s = GB/s / (22 layers' bytes).
+ * same thread count. tok/s = GB/s / (22 layers' bytes). "decode rows" > 1
+ * times that pass with a batch of that many rows (concurrent streams, a
+ * speculative tree): tok/s is then steps per second.
  *
  * Prefill: n_batch 128 through each shape (cache-resident: compute bound),
  * GOP/s with 2 ops per multiply-add, and a 22-layer estimate in tokens/s
@@ -47,6 +49,7 @@ static const wtype k_types[] = {
 };
 
 static int g_repeats = 7;
+static int64_t g_decode_rows = 1;
 
 typedef struct stats { double best, median; } stats;
 
@@ -186,11 +189,12 @@ static void free_model(model *m) {
         for (int i = 0; i < N_MATS; i++) lp_free((void *)m->W[l][i].data);
 }
 
-/* Seconds per decode pass (every matrix once, n_batch 1). multi: q,k,v
+/* Seconds per decode pass (every matrix once, g_decode_rows rows). multi: q,k,v
  * and gate,up each in one lp_matmul_multi call, as an engine would. */
 static stats decode(const lp_kernels *k, lp_threadpool *pool, const model *m, const float *X, float *Y, bool multi) {
     double t[MAX_REPEATS];
-    float *ys[3] = {Y, Y + 5632, Y + 2 * 5632};
+    /* separate outputs: 3 x 32 rows of 5632 fit the prefill-sized Y */
+    float *ys[3] = {Y, Y + 32 * 5632, Y + 2 * 32 * 5632};
     for (int it = -1; it < g_repeats; it++) {
         double t0 = lp_now_seconds();
         for (int l = 0; l < m->n_layers; l++) {
@@ -198,15 +202,15 @@ static stats decode(const lp_kernels *k, lp_threadpool *pool, const model *m, co
                 const lp_weight *qkv[3] = {&m->W[l][0], &m->W[l][1], &m->W[l][2]};
                 const lp_weight *gu[2] = {&m->W[l][4], &m->W[l][5]};
                 int64_t s_qkv[3] = {2048, 256, 256}, s_gu[2] = {5632, 5632};
-                lp_matmul_multi(k, pool, 3, qkv, X, 2048, 1, ys, s_qkv);
-                lp_matmul(k, pool, &m->W[l][3], X, 2048, 1, Y, 2048);
-                lp_matmul_multi(k, pool, 2, gu, X, 2048, 1, ys, s_gu);
-                lp_matmul(k, pool, &m->W[l][6], X, 5632, 1, Y, 2048);
+                lp_matmul_multi(k, pool, 3, qkv, X, 2048, g_decode_rows, ys, s_qkv);
+                lp_matmul(k, pool, &m->W[l][3], X, 2048, g_decode_rows, Y, 2048);
+                lp_matmul_multi(k, pool, 2, gu, X, 2048, g_decode_rows, ys, s_gu);
+                lp_matmul(k, pool, &m->W[l][6], X, 5632, g_decode_rows, Y, 2048);
                 continue;
             }
             for (int i = 0; i < N_MATS; i++) {
                 const lp_weight *W = &m->W[l][i];
-                lp_matmul(k, pool, W, X, W->cols, 1, Y, W->rows);
+                lp_matmul(k, pool, W, X, W->cols, g_decode_rows, Y, W->rows);
             }
         }
         if (it >= 0) t[it] = lp_now_seconds() - t0;
@@ -232,6 +236,8 @@ int main(int argc, char **argv) {
     if (g_repeats < 3) g_repeats = 3;
     if (g_repeats > MAX_REPEATS) g_repeats = MAX_REPEATS;
     const char *filter = argc > 2 ? argv[2] : NULL;
+    if (argc > 3) g_decode_rows = atoi(argv[3]);
+    if (g_decode_rows < 1 || g_decode_rows > 32) g_decode_rows = 1;
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     g_avx512 = cpu.avx512f;
@@ -241,8 +247,8 @@ int main(int argc, char **argv) {
     if (lp_kernels_reserve(&k, PREFILL, 5632, &err) != 0) return 1;
     char desc[256];
     lp_cpu_describe(&cpu, desc, sizeof desc);
-    printf("cpu: %s; float level %d; integer level %s; %d repeats (best / median)\n", desc, k.level,
-           lp_int_level_name(k.int_level), g_repeats);
+    printf("cpu: %s; float level %d; integer level %s; %d repeats (best / median); decode rows %lld\n", desc,
+           k.level, lp_int_level_name(k.int_level), g_repeats, (long long)g_decode_rows);
     lp_threadpool *pools[2] = {lp_threadpool_create(1, &err), lp_threadpool_create(2, &err)};
     stats roof[2];
     for (int p = 0; p < 2; p++) {

@@ -328,7 +328,11 @@ AMX INLINE void stream_panels(const lp_igemm *g, bool w4, int64_t p, int NP, int
  * tile stores last, so the stores of the sums do not hold up the loads
  * after them. Measured on one 5632 x 2048 W4 matrix in cache, 8 rows, one
  * thread: 0.48 ms against 0.55-0.57 for stream_panels; from DRAM on 2
- * threads (bench_kernels, 8 rows) 15 against 14 GB/s. */
+ * threads (bench/bench_kernels.c with 8 decode rows) 15 against 14 GB/s. */
+
+/* The sums of pair j are stored at the end of step j and finished LAG
+ * steps later. */
+_Static_assert(LAG >= 1, "stream_pairs finishes a pair after its tile store");
 
 /* Tiles: sums 0 and 1 (one per panel), paired activations 2, weights 3, 4. */
 AMX static void configure_pairs(int mb) {
@@ -344,8 +348,9 @@ AMX static void configure_pairs(int mb) {
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg)); /* see configure() */
 }
 
-/* B tiles of pair j of panel codes (NULL when past the end), unpacked: W4
- * codes into bt (2 x 512 bytes); W8 codes are B tiles as they are. */
+/* The B tile (16 rows of 64 bytes) of groups 2j and 2j+1 of a panel's
+ * codes: W4 codes unpacked into bt; W8 codes are B tiles as they are,
+ * except a last group without a partner, copied into bt. */
 AMX INLINE const uint8_t *pair_codes(const uint8_t *codes, bool w4, int64_t j, int64_t groups, size_t cb, uint8_t *bt) {
     const bool odd_end = 2 * j + 1 >= groups;
     if (!w4 && !odd_end) return codes + 2 * j * cb;
