@@ -8,8 +8,9 @@
  *      per group, scaled in float (see lp_igemm in kernels_internal.h).
  *      At LP_INT_AMX, batches of LP_AMX_MIN_BATCH rows or more take the AMX
  *      tile kernel, and at group 32 so do decode batches from
- *      LP_AMX_STREAM_MIN rows (its streaming path); smaller ones take the
- *      AVX-512 VNNI kernel.
+ *      LP_AMX_STREAM_MIN rows (its streaming path; up to LP_AMX_PAIR_MAX
+ *      rows the quantizer also lays the codes out in pairs of groups for
+ *      it, see lp_qact.pairs); smaller ones take the AVX-512 VNNI kernel.
  * Batch invariance: every kernel computes each output element with the
  * same operations in the same order (exact integer group sums, then one
  * fma per group in group order), and activation rows are quantized one by
@@ -36,7 +37,8 @@ static size_t act_row_bytes(int64_t cols, int64_t groups) {
     return (size_t)round64(cols) + 8 * (size_t)groups;
 }
 
-size_t lp_qact_pairs_bytes(int64_t groups, int64_t nb) { return (size_t)((groups + 1) / 2 * 2 * nb * 64); }
+/* Bytes of lp_qact.pairs for nb rows of `groups` groups of 32. */
+static size_t pairs_bytes(int64_t groups, int64_t nb) { return (size_t)((groups + 1) / 2 * 2 * nb * 64); }
 
 int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_error *err) {
     if (max_rows <= 0 || max_cols <= 0)
@@ -46,7 +48,7 @@ int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_err
         return lp_fail(err, "kernels: activation scratch size overflows");
     /* room for the AMX pair layout of small batches (run_int_job) */
     int64_t pair_rows = max_rows < LP_AMX_PAIR_MAX ? max_rows : LP_AMX_PAIR_MAX;
-    size_t pairs = lp_qact_pairs_bytes(max_cols / 32 + 1, pair_rows) + 64;
+    size_t pairs = pairs_bytes(max_cols / 32 + 1, pair_rows) + 64;
     if (bytes > SIZE_MAX - pairs) return lp_fail(err, "kernels: activation scratch size overflows");
     bytes += pairs;
     if (bytes <= k->scratch_bytes) return 0;
@@ -190,16 +192,16 @@ static void place_qact(lp_qact *a, uint8_t *s, int64_t cols, int64_t groups, int
     a->pairs = NULL;
 }
 
-void lp_qact_pair_row(const lp_qact *a, int64_t b) {
+/* Copies batch row b of a->q into its two rows of every block of a->pairs. */
+static void pair_row(const lp_qact *a, int64_t b) {
     const int8_t *x = a->q + b * a->q_stride;
     for (int64_t j = 0; j < (a->groups + 1) / 2; j++) {
         int8_t *block = a->pairs + j * 2 * a->rows * 64;
         int8_t *first = block + b * 64, *second = block + (a->rows + b) * 64;
+        memset(first, 0, 64);
+        memset(second, 0, 64);
         memcpy(first, x + 64 * j, 32);
-        memset(first + 32, 0, 32);
-        memset(second, 0, 32);
         if (2 * j + 1 < a->groups) memcpy(second + 32, x + 64 * j + 32, 32);
-        else memset(second + 32, 0, 32);
     }
 }
 
@@ -211,7 +213,7 @@ static void quantize_rows(int int_level, uint32_t type, const float *X, int64_t 
     for (int64_t b = b0; b < b1; b++) {
         quantize(X + b * x_stride, cols, group, offset, a->q + b * a->q_stride, a->d + b * a->groups,
                  a->corr + b * a->groups);
-        if (a->pairs) lp_qact_pair_row(a, b);
+        if (a->pairs) pair_row(a, b);
     }
 }
 
@@ -332,7 +334,7 @@ static void place_pairs(const lp_kernels *k, int_job *job) {
         job->nb > LP_AMX_PAIR_MAX)
         return;
     size_t used = (size_t)round64((int64_t)(act_row_bytes(job->W[0]->cols, a->groups) * (size_t)job->nb));
-    if (used + lp_qact_pairs_bytes(a->groups, job->nb) <= k->scratch_bytes) a->pairs = (int8_t *)k->scratch + used;
+    if (used + pairs_bytes(a->groups, job->nb) <= k->scratch_bytes) a->pairs = (int8_t *)k->scratch + used;
 }
 
 /* The integer path for job->n weights sharing one type, group and column

@@ -213,7 +213,7 @@ AMX INLINE void run_blocks(const lp_igemm *g, bool w4, int64_t bstart, int64_t b
  * pairs that share each activation tile. Group by group, their W4 codes
  * are unpacked (signed, code - 8, so the finish needs no bias correction:
  * 10-15 % less time at 12-16 rows) into a ring of B tiles AHEAD groups early,
- * multiplied into a ring of int32 sums (one tdpbsud of K = 32 per panel
+ * multiplied into a ring of int32 sums (one tdpbssd, W8: tdpbsud, of K = 32 per panel
  * and group) and finished LAG groups late, so the vector unpack, the tile
  * work and the float finish of different groups overlap; the same group of
  * the pair ahead is prefetched into L2, scales included, so a new pair

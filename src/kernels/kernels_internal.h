@@ -60,14 +60,10 @@ typedef struct lp_qact {
      * block of 2 x rows rows of 64 bytes; row b holds group 2j of batch
      * row b in bytes 0-31, row rows + b group 2j+1 in bytes 32-63, zeros
      * elsewhere, so one K = 64 tile multiply gives both groups' sums, in
-     * separate tile rows (see lp_qact_pair_rows). */
+     * separate tile rows (filled by intmatmul.c, read by stream_pairs in
+     * intmatmul_amx.c). */
     int8_t *pairs;
 } lp_qact;
-
-/* Bytes of lp_qact.pairs for nb rows of `groups` groups of 32. */
-size_t lp_qact_pairs_bytes(int64_t groups, int64_t nb);
-/* Copies batch row b of a->q into its places in a->pairs. */
-void lp_qact_pair_row(const lp_qact *a, int64_t b);
 
 /* One integer GEMM job: panels [p0, p1) of a packed matrix against batch
  * rows [0, nb) of a. y[b*y_stride + r] for r = 16*p + lane < rows. */
