@@ -126,15 +126,46 @@ AVX512 INLINE __m256 sum8(const __m512 a[8]) {
 /* Element e of a K/V row stream (f32 or f16 elements) as bytes. */
 #define KV_AT(base, e, f16) ((const char *)(base) + (e) * ((f16) ? 2 : 4))
 
+/* The HN scores of one key from its accumulators: one reduction tree
+ * (sum8), then scaled. */
+AVX512 INLINE void store_scores(const __m512 acc[8], int HN, float scale, float *s, int64_t s_stride, int j) {
+    _Alignas(32) float sums[8];
+    _mm256_store_ps(sums, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
+    for (int h = 0; h < HN; h++) s[h * s_stride + j] = sums[h];
+}
+
 /* HN (a constant where it is inlined, so the accumulators stay in
- * registers) heads at qh against nk keys (f32, or f16 converted exactly). */
+ * registers) heads at qh against nk keys (f32, or f16 converted exactly).
+ * Keys go in pairs that share each load of a query chunk (the loads, not
+ * the fmas, bounded the one-key loop); a last odd key goes alone. Either
+ * way a score is the same fma chain and tree. */
 AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const void *k, bool f16, int64_t k_stride,
                                 int nk, int64_t d, float scale, float *s, int64_t s_stride) {
-    for (int j = 0; j < nk; j++) {
-        const char *kj = KV_AT(k, j * k_stride, f16);
+    int j = 0;
+    for (; j + 2 <= nk; j += 2) {
+        const char *k0 = KV_AT(k, j * k_stride, f16), *k1 = KV_AT(k, (j + 1) * k_stride, f16);
         /* keys stream from memory: fetch a few ahead, in walking order */
-        if (j + ATTN_AHEAD < nk)
-            for (int64_t c = 0; c < d; c += 16) _mm_prefetch(KV_AT(kj, ATTN_AHEAD * k_stride + c, f16), _MM_HINT_T0);
+        for (int t = 0; t < 2; t++)
+            if (j + t + ATTN_AHEAD < nk)
+                for (int64_t c = 0; c < d; c += 16)
+                    _mm_prefetch(KV_AT(k, (j + t + ATTN_AHEAD) * k_stride + c, f16), _MM_HINT_T0);
+        __m512 acc0[8], acc1[8];
+        for (int h = 0; h < 8; h++) acc0[h] = acc1[h] = _mm512_setzero_ps();
+        for (int64_t c = 0; c < d; c += 16) {
+            int64_t left = d - c;
+            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
+            __m512 kv0 = load_w_masked(k0, c, m, f16), kv1 = load_w_masked(k1, c, m, f16);
+            for (int h = 0; h < HN; h++) {
+                __m512 qv = _mm512_maskz_loadu_ps(m, qh + h * q_stride + c);
+                acc0[h] = _mm512_fmadd_ps(qv, kv0, acc0[h]);
+                acc1[h] = _mm512_fmadd_ps(qv, kv1, acc1[h]);
+            }
+        }
+        store_scores(acc0, HN, scale, s, s_stride, j);
+        store_scores(acc1, HN, scale, s, s_stride, j + 1);
+    }
+    if (j < nk) {
+        const char *kj = KV_AT(k, j * k_stride, f16);
         __m512 acc[8];
         for (int h = 0; h < 8; h++) acc[h] = _mm512_setzero_ps();
         for (int64_t c = 0; c < d; c += 16) {
@@ -144,9 +175,7 @@ AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const
             for (int h = 0; h < HN; h++)
                 acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + h * q_stride + c), kv, acc[h]);
         }
-        _Alignas(32) float sums[8];
-        _mm256_store_ps(sums, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
-        for (int h = 0; h < HN; h++) s[h * s_stride + j] = sums[h];
+        store_scores(acc, HN, scale, s, s_stride, j);
     }
 }
 
