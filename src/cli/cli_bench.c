@@ -45,22 +45,29 @@ typedef struct bench_options {
 
 /* ---- measurements shared by the modes ------------------------------------------------ */
 
-/* Peak resident set of this process in bytes (VmHWM, else ru_maxrss). */
-static uint64_t peak_rss_bytes(void) {
+/* A "Vm...:" line of /proc/self/status in bytes (0 where there is none). */
+static uint64_t proc_status_bytes(const char *key) {
     FILE *f = fopen("/proc/self/status", "r");
     char line[256];
+    size_t n = strlen(key);
     uint64_t kib = 0;
     while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "VmHWM:", 6)) {
-            kib = strtoull(line + 6, NULL, 10);
+        if (!strncmp(line, key, n)) {
+            kib = strtoull(line + n, NULL, 10);
             break;
         }
     if (f) fclose(f);
-    if (!kib) {
-        struct rusage ru;
-        if (!getrusage(RUSAGE_SELF, &ru)) kib = (uint64_t)ru.ru_maxrss;
-    }
     return kib * 1024;
+}
+
+/* Peak resident set of this process in bytes (VmHWM, else ru_maxrss). */
+static uint64_t peak_rss_bytes(void) {
+    uint64_t bytes = proc_status_bytes("VmHWM:");
+    if (!bytes) {
+        struct rusage ru;
+        if (!getrusage(RUSAGE_SELF, &ru)) bytes = (uint64_t)ru.ru_maxrss * 1024;
+    }
+    return bytes;
 }
 
 static uint64_t file_bytes(const char *path) {
@@ -224,45 +231,61 @@ static void bw_fill(void *user, int ti, int nt) {
     for (int64_t i = begin; i < end; i++) w[i] = (uint64_t)i * 0x9E3779B97F4A7C15ull;
 }
 
-/* Read bandwidth in GB/s (1e9 bytes) with n_threads threads over a buffer of
- * `mib` MiB, one value per pass. */
-static int read_bandwidth(int n_threads, size_t mib, int passes, double *gbps, lp_error *err) {
-    bw_task t = {0};
-    t.bytes = mib << 20;
-    uint8_t *buf = lp_alloc(t.bytes);
-    lp_threadpool *pool = lp_threadpool_create(n_threads, err);
-    if (!buf || !pool) {
-        lp_free(buf);
-        lp_threadpool_destroy(pool);
+/* The read-bandwidth test: a buffer of `mib` MiB, written once (untouched
+ * pages would all map the one zero page), and its own pool. */
+typedef struct bw_test {
+    bw_task task;
+    lp_threadpool *pool;
+} bw_test;
+
+static void bw_test_free(bw_test *b) {
+    lp_threadpool_destroy(b->pool);
+    lp_free((void *)b->task.buf);
+    memset(b, 0, sizeof *b);
+}
+
+static int bw_test_create(bw_test *b, int n_threads, size_t mib, lp_error *err) {
+    memset(b, 0, sizeof *b);
+    b->task.bytes = mib << 20;
+    uint8_t *buf = lp_alloc(b->task.bytes);
+    b->task.buf = buf;
+    b->pool = lp_threadpool_create(n_threads, err);
+    if (!buf || !b->pool) {
+        bw_test_free(b);
         return buf ? -1 : lp_fail(err, "cannot allocate %zu MiB for the bandwidth test", mib);
     }
-    t.buf = buf;
-    t.sum = sum_generic;
+    b->task.sum = sum_generic;
 #if defined(__x86_64__)
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
-    if (cpu.avx512f) t.sum = sum_avx512;
-    else if (cpu.avx2) t.sum = sum_avx2;
+    if (cpu.avx512f) b->task.sum = sum_avx512;
+    else if (cpu.avx2) b->task.sum = sum_avx2;
 #endif
-    /* write every page first: untouched pages all map the one zero page */
-    lp_threadpool_run(pool, bw_fill, &t);
-    lp_threadpool_run(pool, bw_worker, &t); /* warm-up */
+    lp_threadpool_run(b->pool, bw_fill, &b->task);
+    lp_threadpool_run(b->pool, bw_worker, &b->task); /* warm-up */
+    return 0;
+}
+
+/* Read bandwidth in GB/s (1e9 bytes), one value per pass. */
+static void bw_test_run(bw_test *b, int passes, double *gbps) {
     for (int p = 0; p < passes; p++) {
         double t0 = lp_now_seconds();
-        lp_threadpool_run(pool, bw_worker, &t);
-        gbps[p] = (double)t.bytes / (lp_now_seconds() - t0) / 1e9;
+        lp_threadpool_run(b->pool, bw_worker, &b->task);
+        gbps[p] = (double)b->task.bytes / (lp_now_seconds() - t0) / 1e9;
     }
-    lp_threadpool_destroy(pool);
-    lp_free(buf);
-    return 0;
 }
 
 /* ---- mode 1: speed per thread count ------------------------------------------------------- */
 
 typedef struct speed_result {
     int threads;
-    tool_summary load_ms, prefill, decode, bw;
+    tool_summary load_ms, prefill, decode, bw, roofline;
 } speed_result;
+
+/* Read-test passes right after each repetition's decode: the machine's
+ * bandwidth drifts by 10 % within minutes, so each decode is compared
+ * with a read test taken seconds after it, not with one taken later. */
+#define BW_PASSES 2
 
 static void print_summary_json(const char *key, tool_summary s) {
     printf(",\"%s\":%.6g,\"%s_min\":%.6g,\"%s_max\":%.6g", key, s.median, key, s.min, key, s.max);
@@ -282,8 +305,10 @@ static int bench_speed(const bench_options *o) {
         fprintf(stderr, "loraplex bench: out of memory\n");
         return 1;
     }
+    uint64_t rss = 0;
     for (int ti = 0; ti < o->n_threads; ti++) {
         double load[MAX_REPS], pre[MAX_REPS], dec[MAX_REPS];
+        double bw_all[MAX_REPS * BW_PASSES] = {0}, roof[MAX_REPS] = {0};
         int threads = o->threads[ti] ? o->threads[ti] : lp_default_threads();
         for (int r = 0; r < o->reps; r++) {
             double t0 = lp_now_seconds();
@@ -321,6 +346,10 @@ static int bench_speed(const bench_options *o) {
             int seq = 0, adapter = 0;
             double s = rc ? -1 : decode_steps(ctx, rows, &seq, &adapter, 1, tokens, o->n_gen, &err);
             dec[r] = o->n_gen / s;
+            /* the model and every planned buffer are resident now, and the
+             * read test's buffer is not (it comes and goes below) */
+            uint64_t resident = proc_status_bytes("VmRSS:");
+            if (resident > rss) rss = resident;
             lp_context_free(ctx);
             lp_model_free(model);
             if (rc || s < 0) {
@@ -328,22 +357,31 @@ static int bench_speed(const bench_options *o) {
                 free(rows);
                 return cli_fail("forward", &err);
             }
+            if (o->bw_mib > 0) {
+                bw_test bw;
+                if (bw_test_create(&bw, threads, (size_t)o->bw_mib, &err)) {
+                    free(tokens);
+                    free(rows);
+                    return cli_fail("bandwidth test", &err);
+                }
+                double *gbps = bw_all + r * BW_PASSES;
+                bw_test_run(&bw, BW_PASSES, gbps);
+                bw_test_free(&bw);
+                double mean = 0;
+                for (int p = 0; p < BW_PASSES; p++) mean += gbps[p] / BW_PASSES;
+                roof[r] = (double)wbpt * dec[r] / 1e9 / mean;
+            }
         }
         res[ti].threads = threads;
         res[ti].load_ms = tool_summarize(load, o->reps);
         res[ti].prefill = tool_summarize(pre, o->reps);
         res[ti].decode = tool_summarize(dec, o->reps);
+        res[ti].bw = tool_summarize(bw_all, o->bw_mib > 0 ? o->reps * BW_PASSES : 1);
+        res[ti].roofline = tool_summarize(roof, o->bw_mib > 0 ? o->reps : 1);
     }
     free(tokens);
     free(rows);
-    /* before the bandwidth buffer inflates it */
-    uint64_t rss = peak_rss_bytes();
-    for (int ti = 0; ti < o->n_threads; ti++) {
-        double bw[5] = {0};
-        if (o->bw_mib > 0 && read_bandwidth(res[ti].threads, (size_t)o->bw_mib, 5, bw, &err))
-            return cli_fail("bandwidth test", &err);
-        res[ti].bw = tool_summarize(bw, o->bw_mib > 0 ? 5 : 1);
-    }
+    if (!rss) rss = peak_rss_bytes();
     if (!o->json) {
         printf("model %s: %s, %.1f MiB file, %.1f MiB weights read per token, peak RSS %.1f MiB\n",
                o->model, model_name, model_bytes / 1048576.0, wbpt / 1048576.0, rss / 1048576.0);
@@ -355,7 +393,7 @@ static int bench_speed(const bench_options *o) {
     for (int ti = 0; ti < o->n_threads; ti++) {
         const speed_result *r = &res[ti];
         double eff = (double)wbpt * r->decode.median / 1e9;
-        double frac = r->bw.median > 0 ? eff / r->bw.median : 0;
+        double frac = r->roofline.median;
         if (o->json) {
             printf("{\"model\":");
             tool_json_string(stdout, o->model);
@@ -365,10 +403,11 @@ static int bench_speed(const bench_options *o) {
             print_summary_json("prefill_tok_s", r->prefill);
             print_summary_json("decode_tok_s", r->decode);
             print_summary_json("machine_read_GBps", r->bw);
+            print_summary_json("roofline_fraction", r->roofline);
             printf(",\"model_bytes\":%llu,\"weight_bytes_per_token\":%llu,"
-                   "\"peak_rss_bytes\":%llu,\"decode_GBps\":%.4g,\"roofline_fraction\":%.4g}\n",
+                   "\"peak_rss_bytes\":%llu,\"decode_GBps\":%.4g}\n",
                    (unsigned long long)model_bytes, (unsigned long long)wbpt,
-                   (unsigned long long)rss, eff, frac);
+                   (unsigned long long)rss, eff);
         } else {
             printf("%-7d | %7.1f (%6.1f..%6.1f) | %7.1f (%6.1f..%7.1f) | %6.2f (%6.2f..%6.2f) | "
                    "%8.2f | %5.1f (%5.1f..%5.1f) | %5.1f %%\n",
