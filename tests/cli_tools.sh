@@ -15,9 +15,12 @@ out=$("$bin" bench -m "$m" -p 16 -n 8 -t 1 -r 1 --bw-mib 16 --json 2>"$work/err"
 lines=$(printf '%s\n' "$out" | grep -c '^{.*}$')
 if [ $rc -eq 0 ] && [ "$lines" = 1 ]; then ok; else bad "bench json: rc=$rc $out $(cat "$work/err")"; fi
 for key in threads prefill_tok_s decode_tok_s model_bytes weight_bytes_per_token load_ms \
-           peak_rss_bytes machine_read_GBps decode_tok_s_min decode_tok_s_max; do
+           peak_rss_bytes machine_read_GBps decode_tok_s_min decode_tok_s_max \
+           roofline_fraction roofline_fraction_min roofline_fraction_max; do
   printf '%s\n' "$out" | grep -q "\"$key\":[0-9]" && ok || bad "bench json lacks $key: $out"
 done
+# each repetition's decode is paired with a read test, so the fraction is set
+printf '%s\n' "$out" | grep -q '"roofline_fraction":0[,}]' && bad "bench roofline not measured: $out" || ok
 printf '%s\n' "$out" | grep -q '"threads":1,' && ok || bad "bench threads: $out"
 out=$("$bin" bench -m "$m" -p 8 -n 4 -t 1,2 -r 2 --bw-mib 16 --json 2>/dev/null)
 [ "$(printf '%s\n' "$out" | grep -c '"threads":')" = 2 ] && ok || bad "two thread counts: $out"
