@@ -235,24 +235,25 @@ static void bw_fill(void *user, int ti, int nt) {
  * pages would all map the one zero page), and its own pool. */
 typedef struct bw_test {
     bw_task task;
+    uint8_t *buf; /* task.buf, owned */
     lp_threadpool *pool;
 } bw_test;
 
 static void bw_test_free(bw_test *b) {
     lp_threadpool_destroy(b->pool);
-    lp_free((void *)b->task.buf);
+    lp_free(b->buf);
     memset(b, 0, sizeof *b);
 }
 
 static int bw_test_create(bw_test *b, int n_threads, size_t mib, lp_error *err) {
     memset(b, 0, sizeof *b);
     b->task.bytes = mib << 20;
-    uint8_t *buf = lp_alloc(b->task.bytes);
-    b->task.buf = buf;
+    b->task.buf = b->buf = lp_alloc(b->task.bytes);
     b->pool = lp_threadpool_create(n_threads, err);
-    if (!buf || !b->pool) {
+    if (!b->buf || !b->pool) {
+        bool no_buf = !b->buf;
         bw_test_free(b);
-        return buf ? -1 : lp_fail(err, "cannot allocate %zu MiB for the bandwidth test", mib);
+        return no_buf ? lp_fail(err, "cannot allocate %zu MiB for the bandwidth test", mib) : -1;
     }
     b->task.sum = sum_generic;
 #if defined(__x86_64__)

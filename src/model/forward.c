@@ -517,9 +517,9 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_e
  * adds), one row at a time. Cheap per row, but over a batch it adds up, and
  * run on one thread it leaves the others waiting: batches of
  * ROWS_PARALLEL_MIN rows or more split it across the pool (8 decode
- * streams, 2 threads: 1.5 -> 1.1-1.2 ms of a 35 ms step; at 2-4 rows the
- * pool round trips cost what the split saves). Every row gets the same
- * operations whichever thread runs it. */
+ * streams, 2 threads: 1.5 -> 1.1-1.2 ms of a 35 ms step; at 2-4 rows,
+ * splitting or not measured the same). Every row gets the same operations
+ * whichever thread runs it. */
 #define ROWS_PARALLEL_MIN 4
 
 typedef enum row_step {
