@@ -24,10 +24,11 @@ static const lp_dtype_info k_types[LP_DTYPE_COUNT] = {
     [LP_BF16] = {"BF16", 1, 2, true},
 };
 
-/* Packed formats, per row at group 32: 32 codes + one f16 scale. */
+/* Packed formats, per row at group 32: 32 codes + one scale. */
 static const lp_dtype_info k_own_types[LP_DTYPE_OWN_END - LP_W4] = {
     [LP_W4 - LP_W4] = {"W4", 32, 18, true},
     [LP_W8 - LP_W4] = {"W8", 32, 34, true},
+    [LP_W4C - LP_W4] = {"W4C", 32, 17, true}, /* + 4 bytes per row */
 };
 
 const lp_dtype_info *lp_dtype_get(uint32_t type_id) {

@@ -36,7 +36,11 @@ typedef enum lp_dtype {
      * below describe the default group of 32 averaged per row. */
     LP_W4 = 64, /* int4 symmetric [-8,7], f16 scale per group (32/64/128) */
     LP_W8 = 65, /* int8 symmetric [-128,127], f16 scale per group or row */
-    LP_DTYPE_OWN_END = 66
+    /* int4 codes into 16 non-uniform int8 levels (a codebook), an 8-bit
+     * log scale per group and an f32 range per row: 4.25 bits per weight
+     * at group 32, lower KL than W4 (docs/benchmarks.md section 2) */
+    LP_W4C = 66,
+    LP_DTYPE_OWN_END = 67
 } lp_dtype;
 
 typedef struct lp_dtype_info {
@@ -53,5 +57,9 @@ const lp_dtype_info *lp_dtype_get(uint32_t type_id);
  * row at group 32 (rows are interleaved; use lp_pack_bytes for sizes). */
 size_t lp_dtype_row_bytes(uint32_t type_id, uint64_t n);
 const char *lp_dtype_name(uint32_t type_id);
+/* Our packed integer types (LP_W4, LP_W8, LP_W4C): 16-row panels. */
+static inline bool lp_dtype_is_packed(uint32_t type_id) {
+    return type_id == LP_W4 || type_id == LP_W8 || type_id == LP_W4C;
+}
 
 #endif

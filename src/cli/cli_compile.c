@@ -15,11 +15,13 @@ int cli_compile(int argc, char **argv);
 
 static void compile_usage(FILE *out) {
     fprintf(out,
-            "usage: loraplex compile IN -o OUT.lpx [--weights q4|q8|f16|f32] [options]\n"
+            "usage: loraplex compile IN -o OUT.lpx [--weights q4|q4c|q8|f16|f32] [options]\n"
             "IN: a GGUF file (F32/F16/BF16/Q8_0/Q4_0/K-quants), a Hugging Face directory,\n"
             "    a llama2.c checkpoint or another .lpx file\n"
             "options:\n"
-            "  --weights T     q4: int4 group-wise (W4), q8: int8 group-wise (W8), f16, f32\n"
+            "  --weights T     q4: int4 group-wise (W4), q4c: int4 codebook with 8-bit log\n"
+            "                  scales (W4C: 4.25 bits per weight, lower KL than q4),\n"
+            "                  q8: int8 group-wise (W8), f16, f32\n"
             "                  (default q4)\n"
             "  --group N       elements per scale: q4 32|64|128, q8 a multiple of 32 (default 32)\n"
             "  --acts A        q8: int8 activations on integer kernels (W4A8, default),\n"
@@ -79,11 +81,12 @@ static void on_note(void *user, const char *msg) {
 
 static bool parse_weights(const char *text, uint32_t *out) {
     if (!strcasecmp(text, "q4") || !strcasecmp(text, "w4")) *out = LP_W4;
+    else if (!strcasecmp(text, "q4c") || !strcasecmp(text, "w4c")) *out = LP_W4C;
     else if (!strcasecmp(text, "q8") || !strcasecmp(text, "w8")) *out = LP_W8;
     else if (!strcasecmp(text, "f16")) *out = LP_F16;
     else if (!strcasecmp(text, "f32")) *out = LP_F32;
     else {
-        fprintf(stderr, "loraplex compile: --weights must be q4, q8, f16 or f32 (not '%s')\n", text);
+        fprintf(stderr, "loraplex compile: --weights must be q4, q4c, q8, f16 or f32 (not '%s')\n", text);
         return false;
     }
     return true;
@@ -173,7 +176,7 @@ int cli_compile(int argc, char **argv) {
     lp_model_get_info(c, &info);
     printf("compiled %s -> %s\n", in, out);
     printf("  weights %s group %d, activations %s, norms %s, %s layers\n",
-           p.weight_type == LP_W4 ? "q4" : p.weight_type == LP_W8 ? "q8"
+           p.weight_type == LP_W4 ? "q4" : p.weight_type == LP_W4C ? "q4c" : p.weight_type == LP_W8 ? "q8"
            : p.weight_type == LP_F16 ? "f16" : "f32",
            p.group ? p.group : 32, p.float_acts ? "f32" : "int8",
            c->norms_folded ? "folded" : "separate", info.n_layers > 0 && c->layers[0].wqkv.data

@@ -54,7 +54,7 @@ bool lp_lpx_kind_is_global(uint32_t kind) { return kind <= LP_LPX_T_ROPE_FREQS; 
 size_t lp_lpx_tensor_bytes(uint32_t type, uint64_t rows, uint64_t cols, uint32_t group) {
     if (rows == 0 || cols == 0 || rows > ((uint64_t)1 << 40) || cols > ((uint64_t)1 << 40))
         return 0;
-    if (type == LP_W4 || type == LP_W8) {
+    if (lp_dtype_is_packed(type)) {
         if (group == 0 || group > (1u << 30)) return 0; /* the file always says its group */
         return lp_pack_bytes(type, (int64_t)rows, (int64_t)cols, (int)group);
     }

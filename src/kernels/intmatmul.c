@@ -1,4 +1,4 @@
-/* lp_matmul for the packed integer types LP_W4 / LP_W8.
+/* lp_matmul for the packed integer types LP_W4 / LP_W8 / LP_W4C.
  *
  * Integer path (default): two thread-pool passes over pre-reserved scratch.
  *   1. the rows of X are quantized to int8 per group of the weight's group
@@ -108,13 +108,13 @@ void lp_quantize_act_ref(const float *x, int64_t cols, int group, int offset, in
 
 /* ---- reference kernels -------------------------------------------------------------- */
 
-static void gemm_ref(const lp_igemm *g, bool w4) {
+static void gemm_ref(const lp_igemm *g, uint32_t type) {
     const lp_packed_geom *ge = &g->geom;
     const lp_qact *a = g->a;
     const int G = ge->group;
     for (int64_t p = g->p0; p < g->p1; p++) {
         const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
-        const uint8_t *codes0 = panel + (size_t)ge->groups * 32;
+        const uint8_t *codes0 = panel + ge->codes_offset;
         for (int lane = 0; lane < LP_PANEL && p * LP_PANEL + lane < g->rows; lane++) {
             for (int64_t b = 0; b < g->nb; b++) {
                 const int8_t *xq = a->q + b * a->q_stride;
@@ -123,18 +123,24 @@ static void gemm_ref(const lp_igemm *g, bool w4) {
                     const uint8_t *codes = codes0 + (size_t)gi * ge->code_bytes + 4 * lane;
                     const int8_t *xg = xq + gi * G;
                     int32_t isum = 0;
-                    if (w4) {
+                    if (type == LP_W4) {
                         for (int k = 0; k < G / 8; k++)
                             for (int j = 0; j < 4; j++) {
                                 uint8_t byte = codes[64 * k + j];
                                 isum += ((byte & 0x0f) - 8) * xg[8 * k + j] + ((byte >> 4) - 8) * xg[8 * k + 4 + j];
                             }
+                    } else if (type == LP_W4C) {
+                        for (int k = 0; k < G / 8; k++)
+                            for (int j = 0; j < 4; j++) {
+                                uint8_t byte = codes[64 * k + j];
+                                isum += lp_w4c_levels[byte & 0x0f] * xg[8 * k + j] +
+                                        lp_w4c_levels[byte >> 4] * xg[8 * k + 4 + j];
+                            }
                     } else {
                         for (int k = 0; k < G / 4; k++)
                             for (int j = 0; j < 4; j++) isum += ((int)codes[64 * k + j] - 128) * xg[4 * k + j];
                     }
-                    const uint8_t *sp = panel + (size_t)gi * 32 + 2 * lane;
-                    float dw = lp_f16_to_f32((uint16_t)(sp[0] | (sp[1] << 8)));
+                    float dw = lp_packed_scale(type, ge, panel, gi, lane);
                     acc = fmaf((float)isum, dw * a->d[b * a->groups + gi], acc);
                 }
                 g->y[b * g->y_stride + p * LP_PANEL + lane] = acc;
@@ -143,26 +149,47 @@ static void gemm_ref(const lp_igemm *g, bool w4) {
     }
 }
 
-void lp_w4_gemm_ref(const lp_igemm *g) { gemm_ref(g, true); }
-void lp_w8_gemm_ref(const lp_igemm *g) { gemm_ref(g, false); }
+void lp_w4_gemm_ref(const lp_igemm *g) { gemm_ref(g, LP_W4); }
+void lp_w8_gemm_ref(const lp_igemm *g) { gemm_ref(g, LP_W8); }
+void lp_w4c_gemm_ref(const lp_igemm *g) { gemm_ref(g, LP_W4C); }
 
 typedef void (*igemm_fn)(const lp_igemm *g);
 
+/* The kernels of one level, by packed type. */
+typedef struct kernel_set {
+    igemm_fn w4, w8, w4c;
+} kernel_set;
+
+static igemm_fn by_type(kernel_set k, uint32_t type) {
+    return type == LP_W4 ? k.w4 : type == LP_W4C ? k.w4c : k.w8;
+}
+
 static igemm_fn pick_kernel(int int_level, uint32_t type, int group, int64_t nb) {
-    bool w4 = type == LP_W4;
+    static const kernel_set ref = {lp_w4_gemm_ref, lp_w8_gemm_ref, lp_w4c_gemm_ref};
     switch (int_level) {
 #if defined(__x86_64__)
-    case LP_INT_AMX:
-        if (nb >= LP_AMX_MIN_BATCH || (group == 32 && nb >= LP_AMX_STREAM_MIN))
-            return w4 ? lp_w4_gemm_amx : lp_w8_gemm_amx;
-        return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
-    case LP_INT_AVX2: return w4 ? lp_w4_gemm_avx2 : lp_w8_gemm_avx2;
-    case LP_INT_AVX512VNNI: return w4 ? lp_w4_gemm_vnni : lp_w8_gemm_vnni;
+    case LP_INT_AMX: {
+        static const kernel_set amx = {lp_w4_gemm_amx, lp_w8_gemm_amx, lp_w4c_gemm_amx};
+        static const kernel_set vnni = {lp_w4_gemm_vnni, lp_w8_gemm_vnni, lp_w4c_gemm_vnni};
+        if (nb >= LP_AMX_MIN_BATCH || (group == 32 && nb >= LP_AMX_STREAM_MIN)) return by_type(amx, type);
+        return by_type(vnni, type);
+    }
+    case LP_INT_AVX2: {
+        static const kernel_set avx2 = {lp_w4_gemm_avx2, lp_w8_gemm_avx2, lp_w4c_gemm_avx2};
+        return by_type(avx2, type);
+    }
+    case LP_INT_AVX512VNNI: {
+        static const kernel_set vnni = {lp_w4_gemm_vnni, lp_w8_gemm_vnni, lp_w4c_gemm_vnni};
+        return by_type(vnni, type);
+    }
 #endif
 #if defined(LP_HAVE_NEON_DOT)
-    case LP_INT_NEON_DOT: return w4 ? lp_w4_gemm_neon : lp_w8_gemm_neon;
+    case LP_INT_NEON_DOT: {
+        static const kernel_set neon = {lp_w4_gemm_neon, lp_w8_gemm_neon, lp_w4c_gemm_neon};
+        return by_type(neon, type);
+    }
 #endif
-    default: return w4 ? lp_w4_gemm_ref : lp_w8_gemm_ref;
+    default: return by_type(ref, type);
     }
 }
 
@@ -209,7 +236,7 @@ static void pair_row(const lp_qact *a, int64_t b) {
 static void quantize_rows(int int_level, uint32_t type, const float *X, int64_t x_stride, int64_t cols, int group,
                           const lp_qact *a, int64_t b0, int64_t b1) {
     quantize_fn quantize = pick_quantizer(int_level);
-    int offset = type == LP_W4 ? 8 : 128; /* the weight codes' bias */
+    int offset = type == LP_W4 ? 8 : 128; /* the weight codes' bias (W4C: the VNNI kernel's levels + 128) */
     for (int64_t b = b0; b < b1; b++) {
         quantize(X + b * x_stride, cols, group, offset, a->q + b * a->q_stride, a->d + b * a->groups,
                  a->corr + b * a->groups);
@@ -452,7 +479,7 @@ static void prefetch_task_start(const tasks_job *job, int i, int ti, int nt) {
     lp_split_range(ge->panels, ti, nt, 1, &p0, &p1);
     if (p0 >= p1) return;
     const char *panel = (const char *)job->t[i].W->data + (size_t)p0 * ge->panel_bytes;
-    const size_t scales = (size_t)ge->groups * 32, ahead = 1024;
+    const size_t scales = ge->codes_offset, ahead = 1024;
     for (size_t o = 0; o < scales && o < ahead; o += 64) __builtin_prefetch(panel + o, 0, 3);
     for (size_t o = 0; o < ahead && scales + o < ge->panel_bytes; o += 64) __builtin_prefetch(panel + scales + o, 0, 3);
 }
@@ -487,7 +514,7 @@ bool lp_matmul_packed_tasks(const lp_kernels *k, lp_threadpool *pool, int n, con
     double work = 0;
     for (int i = 0; i < n; i++) {
         const lp_weight *w = t[i].W;
-        if ((w->type != LP_W4 && w->type != LP_W8) || w->rows <= 0 || t[i].n_batch <= 0 ||
+        if (!lp_dtype_is_packed(w->type) || w->rows <= 0 || t[i].n_batch <= 0 ||
             !lp_packed_geometry(w->type, w->rows, w->cols, w->group, &job.geom[i]))
             return false;
         job.first_row[i + 1] = job.first_row[i] + t[i].n_batch;

@@ -1,4 +1,4 @@
-/* AMX integer GEMM for LP_W4 / LP_W8: prefill, and at group 32 a few rows
+/* AMX integer GEMM for LP_W4 / LP_W8 / LP_W4C: prefill, and at group 32 a few rows
  * (decode streams, see stream_gemm) (layout: intpack.c).
  *
  * The packed layout is already AMX's B-tile (VNNI) format: a 64-byte chunk
@@ -6,7 +6,8 @@
  * W8 chunks are loaded straight from the weights (tdpbsud: signed x
  * unsigned biased codes); W4 chunks are unpacked once per panel and column
  * chunk into a small buffer (low nibbles - 8 -> tile row 2k, high nibbles
- * - 8 -> row 2k + 1; tdpbssd) and reused by every batch block.
+ * - 8 -> row 2k + 1; tdpbssd) and reused by every batch block. W4C chunks
+ * unpack the same way, to their signed levels.
  * The A tile is 16 quantized activation rows x K bytes of one group (K =
  * 32 or 64), read in place from the scratch; tdpbsud multiplies signed
  * activations with the unsigned (biased) codes into a 16 x 16 int32 tile.
@@ -29,6 +30,8 @@
 #include <string.h>
 #include <sys/syscall.h>
 #include <unistd.h>
+
+#include "packed_avx512.h"
 
 #define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -73,18 +76,17 @@ AMX static void configure(int mb, int K) {
     __asm__ volatile("ldtilecfg %0" : : "m"(cfg));
 }
 
-/* Chunks [k0, k0 + nk) of a W4 panel's code stream (8 inputs each) ->
- * tile rows 2(k-k0) (low nibbles) and 2(k-k0)+1 (high nibbles), made
- * signed (code - 8) so the sums need no bias correction. */
-AMX INLINE void unpack_w4(const uint8_t *codes, int64_t k0, int64_t nk, uint8_t *out, const uint8_t *next) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+/* Chunks [k0, k0 + nk) of a W4 / W4C panel's code stream (8 inputs each)
+ * -> tile rows 2(k-k0) (low nibbles) and 2(k-k0)+1 (high nibbles), made
+ * signed (code - 8, or the level) so the sums need no bias correction. */
+AMX INLINE void unpack_w4(uint32_t type, const uint8_t *codes, int64_t k0, int64_t nk, uint8_t *out,
+                          const uint8_t *next) {
     for (int64_t k = 0; k < nk; k++) {
         /* the same codes of the next panel, for the next unpack: with few
          * batch rows the weights stream from memory */
         if (next) _mm_prefetch((const char *)next + 64 * (k0 + k), _MM_HINT_T0);
-        __m512i raw = _mm512_loadu_si512(codes + 64 * (k0 + k));
-        __m512i lo = _mm512_sub_epi8(_mm512_and_si512(raw, m4), eight);
-        __m512i hi = _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), eight);
+        __m512i lo, hi;
+        lp_unpack_nibbles512(type, true, _mm512_loadu_si512(codes + 64 * (k0 + k)), &lo, &hi);
         _mm512_store_si512(out + 128 * k, lo);
         _mm512_store_si512(out + 128 * k + 64, hi);
     }
@@ -92,19 +94,19 @@ AMX INLINE void unpack_w4(const uint8_t *codes, int64_t k0, int64_t nk, uint8_t 
 
 typedef struct amx_block {
     const lp_igemm *g;
-    const uint8_t *panel; /* scales at panel, per group 32 bytes */
+    uint32_t type;
+    const uint8_t *panel;
     const uint8_t *bcodes; /* tile rows (64 bytes per 4 inputs) from column c0 */
     bool signed_codes;     /* W4 (unpacked, signed) or W8 (biased, needs corr) */
     int64_t p, c0, n, b0;
 } amx_block;
 
-/* The float half of group gi of a panel (scales at panel) for batch rows
+/* The float half of group gi of a panel (row scales dw) for batch rows
  * b0 + b, b < mb: acc[b] = fma(float(isum), dw * dx, acc[b]) with the same
  * operations as the VNNI kernel; isum is the tile sum, + corr for biased
  * (unsigned) codes. Shared by the prefill blocks and the decode stream. */
-AMX INLINE void finish_rows(const lp_qact *a, const uint8_t *panel, int64_t gi, int64_t b0, int mb, bool add_corr,
+AMX INLINE void finish_rows(const lp_qact *a, __m512 dw, int64_t gi, int64_t b0, int mb, bool add_corr,
                             const int32_t sums[16][16], __m512 acc[16]) {
-    __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel + (size_t)gi * 32)));
     /* unrolled, so the 16 accumulators stay in registers (a loop indexing
      * acc[b] spills them: measured 1.35x slower prefill) */
 #pragma GCC unroll 16
@@ -118,7 +120,8 @@ AMX INLINE void finish_rows(const lp_qact *a, const uint8_t *panel, int64_t gi, 
 }
 
 AMX INLINE void finish_group(const amx_block *k, int64_t gi, int mb, const int32_t sums[16][16], __m512 acc[16]) {
-    finish_rows(k->g->a, k->panel, gi, k->b0, mb, !k->signed_codes, sums, acc);
+    finish_rows(k->g->a, lp_panel_scales512(k->type, &k->g->geom, k->panel, gi), gi, k->b0, mb, !k->signed_codes,
+                sums, acc);
 }
 
 /* Rows of panel p that exist (the last panel may be short). */
@@ -183,21 +186,22 @@ AMX INLINE void block(const amx_block *k, int mb, int K) {
 }
 
 /* Batch rows [bstart, bend) in blocks of mb (the configured tile rows). */
-AMX INLINE void run_blocks(const lp_igemm *g, bool w4, int64_t bstart, int64_t bend, int mb, int K) {
+AMX INLINE void run_blocks(const lp_igemm *g, uint32_t type, int64_t bstart, int64_t bend, int mb, int K) {
     const lp_packed_geom *ge = &g->geom;
+    const bool w4 = type != LP_W8;
     const int64_t cols = ge->groups * ge->group;
     /* W8 codes are tile rows already: one "chunk" spans the row. */
     const int64_t chunk = w4 ? AMX_CHUNK : cols;
     _Alignas(64) uint8_t buf[AMX_CHUNK * 16];
     for (int64_t p = g->p0; p < g->p1; p++) {
         const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
-        const uint8_t *codes = panel + (size_t)ge->groups * 32;
+        const uint8_t *codes = panel + ge->codes_offset;
         for (int64_t c0 = 0; c0 < cols; c0 += chunk) {
             int64_t n = cols - c0 < chunk ? cols - c0 : chunk;
-            amx_block k = {g, panel, codes + c0 * 16, false, p, c0, n, 0};
+            amx_block k = {g, type, panel, codes + c0 * 16, false, p, c0, n, 0};
             if (w4) {
                 const uint8_t *next = p + 1 < g->p1 ? codes + ge->panel_bytes : NULL;
-                unpack_w4(codes, c0 / 8, n / 8, buf, next);
+                unpack_w4(type, codes, c0 / 8, n / 8, buf, next);
                 k.bcodes = buf;
                 k.signed_codes = true;
             }
@@ -227,13 +231,22 @@ AMX INLINE void run_blocks(const lp_igemm *g, bool w4, int64_t bstart, int64_t b
 #define AHEAD 2
 #define LAG 2
 
-AMX INLINE void stream_unpack(const uint8_t *codes, uint8_t *bt) {
-    const __m512i m4 = _mm512_set1_epi8(0x0f), eight = _mm512_set1_epi8(8);
+AMX INLINE void stream_unpack(uint32_t type, const uint8_t *codes, uint8_t *bt) {
     for (int k = 0; k < 4; k++) {
-        __m512i raw = _mm512_loadu_si512(codes + 64 * k);
-        _mm512_store_si512(bt + 128 * k, _mm512_sub_epi8(_mm512_and_si512(raw, m4), eight));
-        _mm512_store_si512(bt + 128 * k + 64, _mm512_sub_epi8(_mm512_and_si512(_mm512_srli_epi16(raw, 4), m4), eight));
+        __m512i lo, hi;
+        lp_unpack_nibbles512(type, true, _mm512_loadu_si512(codes + 64 * k), &lo, &hi);
+        _mm512_store_si512(bt + 128 * k, lo);
+        _mm512_store_si512(bt + 128 * k + 64, hi);
     }
+}
+
+/* The scales of the group(s) starting at byte `at` of the next panel's
+ * scale stream, into L2 with the codes (and W4C's row ranges with the
+ * first group): one prefetch per 64-byte line. */
+AMX INLINE void prefetch_scales(const lp_packed_geom *ge, const char *next_panel, int64_t gi) {
+    size_t at = ge->scales_offset + (size_t)gi * ge->scale_bytes;
+    if (gi == 0 && ge->scales_offset) _mm_prefetch(next_panel, _MM_HINT_T1);
+    if (at % 64 < ge->scale_bytes) _mm_prefetch(next_panel + at, _MM_HINT_T1);
 }
 
 /* Tiles of the stream: sums 0 and 1 (one per panel of a pair), the
@@ -254,14 +267,15 @@ AMX static void configure_stream(int mb) {
 }
 
 /* Panels p..p+NP-1 (NP = 1 or 2: two panels share each activation tile). */
-AMX INLINE void stream_panels(const lp_igemm *g, bool w4, int64_t p, int NP, int mb) {
+AMX INLINE void stream_panels(const lp_igemm *g, uint32_t type, int64_t p, int NP, int mb) {
     const lp_packed_geom *ge = &g->geom;
+    const bool w4 = type != LP_W8;
     const lp_qact *a = g->a;
     const int64_t groups = ge->groups, qs = a->q_stride;
     const uint8_t *panel[2], *codes[2];
     for (int i = 0; i < NP; i++) {
         panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
-        codes[i] = panel[i] + (size_t)groups * 32;
+        codes[i] = panel[i] + ge->codes_offset;
     }
     const size_t cb = ge->code_bytes;
     _Alignas(64) uint8_t bt[RING][2][512];
@@ -272,7 +286,7 @@ AMX INLINE void stream_panels(const lp_igemm *g, bool w4, int64_t p, int NP, int
         for (int b = 0; b < mb; b++) acc[i][b] = _mm512_setzero_ps();
     if (w4)
         for (int64_t gi = 0; gi < AHEAD && gi < groups; gi++)
-            for (int i = 0; i < NP; i++) stream_unpack(codes[i] + gi * cb, bt[gi % RING][i]);
+            for (int i = 0; i < NP; i++) stream_unpack(type, codes[i] + gi * cb, bt[gi % RING][i]);
     for (int64_t gi = 0; gi < groups + LAG; gi++) {
         if (gi < groups) {
             for (int i = 0; i < NP; i++) {
@@ -280,11 +294,11 @@ AMX INLINE void stream_panels(const lp_igemm *g, bool w4, int64_t p, int NP, int
                  * included, so a new panel starts with its data in cache */
                 if (p + i + NP < g->p1) {
                     const char *next = (const char *)panel[i] + NP * ge->panel_bytes;
-                    for (size_t o = 0; o < cb; o += 64) _mm_prefetch(next + groups * 32 + gi * cb + o, _MM_HINT_T1);
-                    if (gi % 2 == 0) _mm_prefetch(next + gi * 32, _MM_HINT_T1);
+                    for (size_t o = 0; o < cb; o += 64) _mm_prefetch(next + ge->codes_offset + gi * cb + o, _MM_HINT_T1);
+                    prefetch_scales(ge, next, gi);
                 }
                 if (w4 && gi + AHEAD < groups)
-                    stream_unpack(codes[i] + (gi + AHEAD) * cb, bt[(gi + AHEAD) % RING][i]);
+                    stream_unpack(type, codes[i] + (gi + AHEAD) * cb, bt[(gi + AHEAD) % RING][i]);
             }
             const int8_t *xg = a->q + gi * 32;
             _tile_loadd(2, xg, qs);
@@ -305,7 +319,8 @@ AMX INLINE void stream_panels(const lp_igemm *g, bool w4, int64_t p, int NP, int
         if (gf < 0) continue;
         /* W8 codes are biased (unsigned, as stored): the correction
          * removes the bias; W4 ones were unpacked signed */
-        for (int i = 0; i < NP; i++) finish_rows(a, panel[i], gf, 0, mb, !w4, sums[gf % RING][i], acc[i]);
+        for (int i = 0; i < NP; i++)
+            finish_rows(a, lp_panel_scales512(type, ge, panel[i], gf), gf, 0, mb, !w4, sums[gf % RING][i], acc[i]);
     }
     for (int i = 0; i < NP; i++) {
         float *y = g->y + (p + i) * LP_PANEL;
@@ -351,27 +366,29 @@ AMX static void configure_pairs(int mb) {
 /* The B tile (16 rows of 64 bytes) of groups 2j and 2j+1 of a panel's
  * codes: W4 codes unpacked into bt; W8 codes are B tiles as they are,
  * except a last group without a partner, copied into bt. */
-AMX INLINE const uint8_t *pair_codes(const uint8_t *codes, bool w4, int64_t j, int64_t groups, size_t cb, uint8_t *bt) {
-    const bool odd_end = 2 * j + 1 >= groups;
+AMX INLINE const uint8_t *pair_codes(const uint8_t *codes, uint32_t type, int64_t j, int64_t groups, size_t cb,
+                                     uint8_t *bt) {
+    const bool odd_end = 2 * j + 1 >= groups, w4 = type != LP_W8;
     if (!w4 && !odd_end) return codes + 2 * j * cb;
-    if (w4) stream_unpack(codes + 2 * j * cb, bt);
+    if (w4) stream_unpack(type, codes + 2 * j * cb, bt);
     else memcpy(bt, codes + 2 * j * cb, 512);
     /* a last group without a partner: its half of K meets zero
      * activations, but the tile must not read past the panel */
     if (odd_end) memset(bt + 512, 0, 512);
-    else stream_unpack(codes + (2 * j + 1) * cb, bt + 512);
+    else stream_unpack(type, codes + (2 * j + 1) * cb, bt + 512);
     return bt;
 }
 
-AMX INLINE void stream_pairs(const lp_igemm *g, bool w4, int64_t p, int NP, int mb) {
+AMX INLINE void stream_pairs(const lp_igemm *g, uint32_t type, int64_t p, int NP, int mb) {
     const lp_packed_geom *ge = &g->geom;
+    const bool w4 = type != LP_W8;
     const lp_qact *a = g->a;
     const int64_t groups = ge->groups, npairs = (groups + 1) / 2;
     const size_t cb = ge->code_bytes;
     const uint8_t *panel[2], *codes[2];
     for (int i = 0; i < NP; i++) {
         panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
-        codes[i] = panel[i] + (size_t)groups * 32;
+        codes[i] = panel[i] + ge->codes_offset;
     }
     _Alignas(64) uint8_t bt[RING][2][1024];
     const uint8_t *b_tile[RING][2];
@@ -381,7 +398,7 @@ AMX INLINE void stream_pairs(const lp_igemm *g, bool w4, int64_t p, int NP, int 
 #pragma GCC unroll 16
         for (int b = 0; b < mb; b++) acc[i][b] = _mm512_setzero_ps();
     for (int64_t j = 0; j < AHEAD && j < npairs; j++)
-        for (int i = 0; i < NP; i++) b_tile[j % RING][i] = pair_codes(codes[i], w4, j, groups, cb, bt[j % RING][i]);
+        for (int i = 0; i < NP; i++) b_tile[j % RING][i] = pair_codes(codes[i], type, j, groups, cb, bt[j % RING][i]);
     for (int64_t j = 0; j < npairs + LAG; j++) {
         const bool live = j < npairs;
         if (live) {
@@ -401,8 +418,11 @@ AMX INLINE void stream_pairs(const lp_igemm *g, bool w4, int64_t p, int NP, int 
         if (jf >= 0)
             for (int i = 0; i < NP; i++) {
                 /* W8 codes are biased (unsigned): the correction removes it */
-                finish_rows(a, panel[i], 2 * jf, 0, mb, !w4, sums[jf % RING][i], acc[i]);
-                if (2 * jf + 1 < groups) finish_rows(a, panel[i], 2 * jf + 1, 0, mb, !w4, &sums[jf % RING][i][mb], acc[i]);
+                finish_rows(a, lp_panel_scales512(type, ge, panel[i], 2 * jf), 2 * jf, 0, mb, !w4, sums[jf % RING][i],
+                            acc[i]);
+                if (2 * jf + 1 < groups)
+                    finish_rows(a, lp_panel_scales512(type, ge, panel[i], 2 * jf + 1), 2 * jf + 1, 0, mb, !w4,
+                                &sums[jf % RING][i][mb], acc[i]);
             }
         if (!live) continue;
         for (int i = 0; i < NP; i++) {
@@ -410,11 +430,12 @@ AMX INLINE void stream_pairs(const lp_igemm *g, bool w4, int64_t p, int NP, int 
             if (p + i + NP < g->p1) {
                 const char *next = (const char *)panel[i] + NP * ge->panel_bytes;
                 for (size_t o = 0; o < 2 * cb && 2 * j * cb + o < groups * cb; o += 64)
-                    _mm_prefetch(next + groups * 32 + 2 * j * cb + o, _MM_HINT_T1);
-                _mm_prefetch(next + 2 * j * 32, _MM_HINT_T1);
+                    _mm_prefetch(next + ge->codes_offset + 2 * j * cb + o, _MM_HINT_T1);
+                prefetch_scales(ge, next, 2 * j);
+                if (2 * j + 1 < groups) prefetch_scales(ge, next, 2 * j + 1);
             }
             if (j + AHEAD < npairs)
-                b_tile[(j + AHEAD) % RING][i] = pair_codes(codes[i], w4, j + AHEAD, groups, cb, bt[(j + AHEAD) % RING][i]);
+                b_tile[(j + AHEAD) % RING][i] = pair_codes(codes[i], type, j + AHEAD, groups, cb, bt[(j + AHEAD) % RING][i]);
         }
         _tile_stored(0, sums[j % RING][0], 64);
         if (NP == 2) _tile_stored(1, sums[j % RING][1], 64);
@@ -427,44 +448,45 @@ AMX INLINE void stream_pairs(const lp_igemm *g, bool w4, int64_t p, int NP, int 
     }
 }
 
-AMX INLINE void stream_gemm(const lp_igemm *g, bool w4) {
+AMX INLINE void stream_gemm(const lp_igemm *g, uint32_t type) {
     int mb = (int)g->nb;
     if (g->a->pairs && g->a->rows == mb && mb <= LP_AMX_PAIR_MAX) {
         configure_pairs(mb);
         int64_t p = g->p0;
-        for (; p + 2 <= g->p1; p += 2) stream_pairs(g, w4, p, 2, mb);
-        if (p < g->p1) stream_pairs(g, w4, p, 1, mb);
+        for (; p + 2 <= g->p1; p += 2) stream_pairs(g, type, p, 2, mb);
+        if (p < g->p1) stream_pairs(g, type, p, 1, mb);
         _tile_release();
         return;
     }
     configure_stream(mb);
     int64_t p = g->p0;
-    for (; p + 2 <= g->p1; p += 2) stream_panels(g, w4, p, 2, mb);
-    if (p < g->p1) stream_panels(g, w4, p, 1, mb);
+    for (; p + 2 <= g->p1; p += 2) stream_panels(g, type, p, 2, mb);
+    if (p < g->p1) stream_panels(g, type, p, 1, mb);
     _tile_release();
 }
 
-AMX INLINE void gemm(const lp_igemm *g, bool w4) {
+AMX INLINE void gemm(const lp_igemm *g, uint32_t type) {
     if (g->geom.group == 32 && g->nb <= LP_AMX_STREAM_MAX) {
-        stream_gemm(g, w4);
+        stream_gemm(g, type);
         return;
     }
     const int K = g->geom.group % 64 == 0 ? 64 : 32;
     const int64_t full = g->nb / 16 * 16;
     if (full > 0) {
         configure(16, K);
-        run_blocks(g, w4, 0, full, 16, K);
+        run_blocks(g, type, 0, full, 16, K);
     }
     if (full < g->nb) {
         int mb = (int)(g->nb - full);
         configure(mb, K);
-        run_blocks(g, w4, full, g->nb, mb, K);
+        run_blocks(g, type, full, g->nb, mb, K);
     }
     _tile_release();
 }
 
-AMX void lp_w4_gemm_amx(const lp_igemm *g) { gemm(g, true); }
-AMX void lp_w8_gemm_amx(const lp_igemm *g) { gemm(g, false); }
+AMX void lp_w4_gemm_amx(const lp_igemm *g) { gemm(g, LP_W4); }
+AMX void lp_w8_gemm_amx(const lp_igemm *g) { gemm(g, LP_W8); }
+AMX void lp_w4c_gemm_amx(const lp_igemm *g) { gemm(g, LP_W4C); }
 
 #else
 bool lp_amx_available(void) { return false; }

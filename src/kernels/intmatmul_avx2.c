@@ -1,4 +1,4 @@
-/* AVX2 integer GEMM for LP_W4 / LP_W8 (layout: intpack.c), for CPUs
+/* AVX2 integer GEMM for LP_W4 / LP_W8 / LP_W4C (layout: intpack.c), for CPUs
  * without AVX-512 VNNI. A 64-byte chunk is two ymm halves of 8 rows x 4
  * inputs.
  *
@@ -8,7 +8,9 @@
  * starts at the bias correction as in the VNNI kernel.
  * W8: codes are re-signed (xor 0x80) and multiplied with the sign trick,
  * maddubs(|w|, sign(x, w)), whose pair sums stay within +-32512; no bias
- * correction is needed. Results equal the reference bit for bit. */
+ * correction is needed. W4C: nibbles become their signed levels (one
+ * vpshufb) and take W8's sign trick. Results equal the reference bit for
+ * bit. */
 #include "kernels_internal.h"
 
 #if defined(__x86_64__)
@@ -39,15 +41,40 @@ AVX2 INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m256 lo, 
     for (int64_t i = 0; i < left; i++) y[i] = tmp[i];
 }
 
+/* The 8 row scales of half h of group gi of a panel: f16, or W4C's log
+ * scales by lp_w4c_scale's two multiplies. */
+AVX2 INLINE __m256 scales8(uint32_t type, const lp_packed_geom *ge, const uint8_t *panel, int64_t gi, int h) {
+    const uint8_t *s = panel + ge->scales_offset + (size_t)gi * ge->scale_bytes;
+    if (type != LP_W4C) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
+    __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * h)));
+    /* frac[k & 15]: two 8-entry permutes (low 3 bits), picked by bit 3 */
+    __m256 f_lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(lp_w4c_frac), k);
+    __m256 f_hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(lp_w4c_frac + 8), k);
+    __m256 f = _mm256_blendv_ps(f_lo, f_hi, _mm256_castsi256_ps(_mm256_slli_epi32(k, 28)));
+    __m256 m = _mm256_mul_ps(_mm256_loadu_ps((const float *)panel + 8 * h), f);
+    __m256i e = _mm256_and_si256(_mm256_srli_epi32(k, 4), _mm256_set1_epi32(7));
+    m = _mm256_mul_ps(m, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), e), 23)));
+    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(k, _mm256_set1_epi32(0x80)), 24);
+    return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(m), sign));
+}
+
+/* acc += signed bytes w times x (4 bytes broadcast), by the sign trick. */
+AVX2 INLINE __m256i dot_signed(__m256i acc, __m256i w, int32_t x4) {
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), sx), ones));
+}
+
 /* One panel x B batch rows (B <= 2: 2 halves x B x (int + float) = 8 ymm). */
-AVX2 INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int64_t b0, int B) {
+AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int B) {
     const lp_packed_geom *ge = &g->geom;
     const lp_qact *a = g->a;
     const int G = ge->group;
     const int64_t groups = ge->groups, qs = a->q_stride;
     const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
-    const uint8_t *codes = panel + (size_t)groups * 32;
+    const uint8_t *codes = panel + ge->codes_offset;
     const __m256i m4 = _mm256_set1_epi8(0x0f), ones = _mm256_set1_epi16(1), bias = _mm256_set1_epi8((char)0x80);
+    const __m256i levels = _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)lp_w4c_levels));
     __m256 accf[2][2];
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < B; b++) accf[h][b] = _mm256_setzero_ps();
@@ -55,7 +82,7 @@ AVX2 INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int64_t b0, int B) 
         __m256i acc[2][2];
         const int8_t *xg = a->q + b0 * qs + gi * G;
         const uint8_t *cg = codes + (size_t)gi * ge->code_bytes;
-        if (w4) {
+        if (type == LP_W4) {
             for (int b = 0; b < B; b++) acc[0][b] = acc[1][b] = _mm256_set1_epi32(a->corr[(b0 + b) * groups + gi]);
             for (int k0 = 0; k0 < G / 8; k0 += 4) {
                 __m256i s16[2][2];
@@ -77,20 +104,28 @@ AVX2 INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int64_t b0, int B) 
                     for (int b = 0; b < B; b++)
                         acc[h][b] = _mm256_add_epi32(acc[h][b], _mm256_madd_epi16(s16[h][b], ones));
             }
+        } else if (type == LP_W4C) {
+            for (int b = 0; b < B; b++) acc[0][b] = acc[1][b] = _mm256_setzero_si256();
+            for (int k = 0; k < G / 8; k++)
+                for (int h = 0; h < 2; h++) {
+                    __m256i raw = _mm256_loadu_si256((const __m256i *)(cg + 64 * k + 32 * h));
+                    __m256i lo = _mm256_shuffle_epi8(levels, _mm256_and_si256(raw, m4));
+                    __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
+                    for (int b = 0; b < B; b++) {
+                        const int8_t *x = xg + b * qs + 8 * k;
+                        acc[h][b] = dot_signed(dot_signed(acc[h][b], lo, load4(x)), hi, load4(x + 4));
+                    }
+                }
         } else {
             for (int b = 0; b < B; b++) acc[0][b] = acc[1][b] = _mm256_setzero_si256();
             for (int k = 0; k < G / 4; k++)
                 for (int h = 0; h < 2; h++) {
                     __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(cg + 64 * k + 32 * h)), bias);
-                    __m256i aw = _mm256_abs_epi8(w);
-                    for (int b = 0; b < B; b++) {
-                        __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(load4(xg + b * qs + 4 * k)), w);
-                        acc[h][b] = _mm256_add_epi32(acc[h][b], _mm256_madd_epi16(_mm256_maddubs_epi16(aw, sx), ones));
-                    }
+                    for (int b = 0; b < B; b++) acc[h][b] = dot_signed(acc[h][b], w, load4(xg + b * qs + 4 * k));
                 }
         }
         for (int h = 0; h < 2; h++) {
-            __m256 dw = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(panel + (size_t)gi * 32 + 16 * h)));
+            __m256 dw = scales8(type, ge, panel, gi, h);
             for (int b = 0; b < B; b++) {
                 __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[(b0 + b) * groups + gi]));
                 accf[h][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][b]), dwdx, accf[h][b]);
@@ -100,11 +135,11 @@ AVX2 INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int64_t b0, int B) 
     for (int b = 0; b < B; b++) store_rows(g, p, b0 + b, accf[0][b], accf[1][b]);
 }
 
-AVX2 INLINE void gemm(const lp_igemm *g, bool w4) {
+AVX2 INLINE void gemm(const lp_igemm *g, uint32_t type) {
     for (int64_t p = g->p0; p < g->p1; p++) {
         int64_t b0 = 0;
-        for (; b0 + 2 <= g->nb; b0 += 2) tile(g, w4, p, b0, 2);
-        if (b0 < g->nb) tile(g, w4, p, b0, 1);
+        for (; b0 + 2 <= g->nb; b0 += 2) tile(g, type, p, b0, 2);
+        if (b0 < g->nb) tile(g, type, p, b0, 1);
     }
 }
 
@@ -144,8 +179,9 @@ AVX2 void lp_quantize_act_avx2(const float *x, int64_t cols, int group, int offs
     }
 }
 
-AVX2 void lp_w4_gemm_avx2(const lp_igemm *g) { gemm(g, true); }
-AVX2 void lp_w8_gemm_avx2(const lp_igemm *g) { gemm(g, false); }
+AVX2 void lp_w4_gemm_avx2(const lp_igemm *g) { gemm(g, LP_W4); }
+AVX2 void lp_w8_gemm_avx2(const lp_igemm *g) { gemm(g, LP_W8); }
+AVX2 void lp_w4c_gemm_avx2(const lp_igemm *g) { gemm(g, LP_W4C); }
 
 #else
 typedef int lp_no_int_avx2_on_this_target; /* keep the translation unit non-empty */

@@ -1,9 +1,9 @@
-/* AVX-512 VNNI integer GEMM for LP_W4 / LP_W8 (layout: intpack.c).
+/* AVX-512 VNNI integer GEMM for LP_W4 / LP_W8 / LP_W4C (layout: intpack.c).
  *
  * One 64-byte code chunk is one zmm: 16 dword lanes = the panel's 16 rows,
  * 4 bytes per lane = 4 consecutive inputs. vpdpbusd multiplies those
  * unsigned (biased) weight bytes by 4 int8 activations broadcast to every
- * lane, so each instruction does 16 rows x 4 inputs and nothing needs a
+ * lane (W4C nibbles become their levels + 128 through one vpshufb), so each instruction does 16 rows x 4 inputs and nothing needs a
  * horizontal sum. Each group's int32 sum starts at the activation-side
  * correction (-bias * sum(x)), which removes the weight bias exactly; then
  * acc = fma(float(isum), dw * dx, acc) per lane, as in the reference.
@@ -21,6 +21,8 @@
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
+
+#include "packed_avx512.h"
 
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -44,8 +46,8 @@ VNNI INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m512 v) {
     else _mm512_mask_storeu_ps(y, (__mmask16)((1u << left) - 1), v);
 }
 
-/* W4 (w4 = true) or W8 tile: panels p..p+NP-1, batch rows b0..b0+B-1. */
-VNNI INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int NP, int64_t b0, int B) {
+/* Tile of type W4, W8 or W4C: panels p..p+NP-1, batch rows b0..b0+B-1. */
+VNNI INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, int64_t b0, int B) {
     const lp_packed_geom *ge = &g->geom;
     const lp_qact *a = g->a;
     const int G = ge->group;
@@ -53,9 +55,8 @@ VNNI INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int NP, int64_t b0,
     const uint8_t *panel[4], *codes[4];
     for (int i = 0; i < NP; i++) {
         panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
-        codes[i] = panel[i] + (size_t)groups * 32;
+        codes[i] = panel[i] + ge->codes_offset;
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     __m512 accf[4][MAX_B];
     for (int i = 0; i < NP; i++)
         for (int b = 0; b < B; b++) accf[i][b] = _mm512_setzero_ps();
@@ -80,12 +81,11 @@ VNNI INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int NP, int64_t b0,
             for (int i = 0; i < NP; i++) acc[i][b] = c;
         }
         const int8_t *xg = a->q + b0 * qs + gi * G;
-        if (w4) {
+        if (type != LP_W8) {
             for (int k = 0; k < G / 8; k++) {
                 for (int i = 0; i < NP; i++) {
-                    __m512i raw = _mm512_loadu_si512(codes[i] + (size_t)gi * ge->code_bytes + 64 * (size_t)k);
-                    __m512i lo = _mm512_and_si512(raw, m4);
-                    __m512i hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
+                    __m512i lo, hi;
+                    lp_unpack_nibbles512(type, false, _mm512_loadu_si512(codes[i] + (size_t)gi * ge->code_bytes + 64 * (size_t)k), &lo, &hi);
                     for (int b = 0; b < B; b++) {
                         const int8_t *x = xg + b * qs + 8 * k;
                         acc[i][b] = _mm512_dpbusd_epi32(acc[i][b], lo, _mm512_set1_epi32(load4(x)));
@@ -103,7 +103,7 @@ VNNI INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int NP, int64_t b0,
             }
         }
         for (int i = 0; i < NP; i++) {
-            __m512 dw = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel[i] + (size_t)gi * 32)));
+            __m512 dw = lp_panel_scales512(type, ge, panel[i], gi);
             for (int b = 0; b < B; b++) {
                 __m512 dwdx = _mm512_mul_ps(dw, _mm512_set1_ps(a->d[(b0 + b) * groups + gi]));
                 accf[i][b] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(acc[i][b]), dwdx, accf[i][b]);
@@ -115,28 +115,28 @@ VNNI INLINE void tile(const lp_igemm *g, bool w4, int64_t p, int NP, int64_t b0,
 }
 
 /* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels. */
-#define SMALL_BATCH(W4, B)                                                        \
+#define SMALL_BATCH(TYPE, B)                                                      \
     do {                                                                          \
         int64_t p = g->p0;                                                        \
-        for (; p + 4 <= g->p1; p += 4) tile(g, W4, p, 4, b0, B);                  \
-        for (; p < g->p1; p++) tile(g, W4, p, 1, b0, B);                          \
+        for (; p + 4 <= g->p1; p += 4) tile(g, TYPE, p, 4, b0, B);                \
+        for (; p < g->p1; p++) tile(g, TYPE, p, 1, b0, B);                        \
     } while (0)
 
 /* A few batch rows (several decode streams): 4-panel steps, the batch in
  * blocks of 3 rows; the 4 panels stay in L1/L2 between the blocks. */
-VNNI INLINE void few_rows(const lp_igemm *g, bool w4) {
+VNNI INLINE void few_rows(const lp_igemm *g, uint32_t type) {
     int64_t p = g->p0;
     for (; p + 4 <= g->p1; p += 4) {
         int64_t b0 = 0;
-        for (; b0 + 3 <= g->nb; b0 += 3) tile(g, w4, p, 4, b0, 3);
-        if (g->nb - b0 == 2) tile(g, w4, p, 4, b0, 2);
-        if (g->nb - b0 == 1) tile(g, w4, p, 4, b0, 1);
+        for (; b0 + 3 <= g->nb; b0 += 3) tile(g, type, p, 4, b0, 3);
+        if (g->nb - b0 == 2) tile(g, type, p, 4, b0, 2);
+        if (g->nb - b0 == 1) tile(g, type, p, 4, b0, 1);
     }
     for (; p < g->p1; p++) {
         int64_t b0 = 0;
-        for (; b0 + 3 <= g->nb; b0 += 3) tile(g, w4, p, 1, b0, 3);
-        if (g->nb - b0 == 2) tile(g, w4, p, 1, b0, 2);
-        if (g->nb - b0 == 1) tile(g, w4, p, 1, b0, 1);
+        for (; b0 + 3 <= g->nb; b0 += 3) tile(g, type, p, 1, b0, 3);
+        if (g->nb - b0 == 2) tile(g, type, p, 1, b0, 2);
+        if (g->nb - b0 == 1) tile(g, type, p, 1, b0, 1);
     }
 }
 
@@ -144,7 +144,7 @@ VNNI INLINE void few_rows(const lp_igemm *g, bool w4) {
  * panels. Each (row, panel) sums even and odd chunks in two int32 chains:
  * with RB = 2 that is 8 independent dpbusd chains, enough to hide their
  * latency (the sum of the two is the same exact integer). */
-VNNI INLINE void rows_g32(const lp_qact *a, bool w4, __m512i wv[2][8], const __m512 dw[2], int NP, int64_t gi,
+VNNI INLINE void rows_g32(const lp_qact *a, bool nibbles, __m512i wv[2][8], const __m512 dw[2], int NP, int64_t gi,
                           int64_t b, int RB, float accf[2][FEW_ROWS][16]) {
     const int64_t groups = a->groups;
     __m512i acc[2][2][2];
@@ -156,7 +156,7 @@ VNNI INLINE void rows_g32(const lp_qact *a, bool w4, __m512i wv[2][8], const __m
     for (int k = 0; k < 8; k++)
         for (int r = 0; r < RB; r++) {
             const int8_t *xg = a->q + (b + r) * a->q_stride + gi * 32;
-            __m512i xv = _mm512_set1_epi32(load4(xg + (w4 ? 8 * (k / 2) + 4 * (k % 2) : 4 * k)));
+            __m512i xv = _mm512_set1_epi32(load4(xg + (nibbles ? 8 * (k / 2) + 4 * (k % 2) : 4 * k)));
             for (int i = 0; i < NP; i++) acc[r][i][k & 1] = _mm512_dpbusd_epi32(acc[r][i][k & 1], wv[i][k], xv);
         }
     for (int r = 0; r < RB; r++)
@@ -174,77 +174,72 @@ VNNI INLINE void rows_g32(const lp_qact *a, bool w4, __m512i wv[2][8], const __m
  * rows. The float accumulators live in a small L1 buffer (one load and
  * store per group and row) to leave the registers to the weights. Same
  * operations per output as tile(), so the bits match. */
-VNNI INLINE void pair_rows_g32(const lp_igemm *g, bool w4, int64_t p, int NP) {
+VNNI INLINE void pair_rows_g32(const lp_igemm *g, uint32_t type, int64_t p, int NP) {
     const lp_packed_geom *ge = &g->geom;
     const lp_qact *a = g->a;
     const int64_t groups = ge->groups, nb = g->nb;
     const uint8_t *panel[2], *codes[2];
     for (int i = 0; i < NP; i++) {
         panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
-        codes[i] = panel[i] + (size_t)groups * 32;
+        codes[i] = panel[i] + ge->codes_offset;
     }
-    const __m512i m4 = _mm512_set1_epi8(0x0f);
     _Alignas(64) float accf[2][FEW_ROWS][16];
     for (int i = 0; i < NP; i++)
         for (int64_t b = 0; b < nb; b++) _mm512_store_ps(accf[i][b], _mm512_setzero_ps());
     for (int64_t gi = 0; gi < groups; gi++) {
-        __m512i wv[2][8]; /* W4: lo, hi of 4 chunks; W8: 8 chunks */
+        __m512i wv[2][8]; /* W4, W4C: lo, hi of 4 chunks; W8: 8 chunks */
         __m512 dw[2];
         for (int i = 0; i < NP; i++) {
             const uint8_t *c = codes[i] + (size_t)gi * ge->code_bytes;
             for (size_t o = 0; o < ge->code_bytes; o += 64) _mm_prefetch((const char *)c + PREFETCH_BYTES + o, _MM_HINT_T0);
-            if (w4) {
-                for (int k = 0; k < 4; k++) {
-                    __m512i raw = _mm512_loadu_si512(c + 64 * k);
-                    wv[i][2 * k] = _mm512_and_si512(raw, m4);
-                    wv[i][2 * k + 1] = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-                }
+            if (type != LP_W8) {
+                for (int k = 0; k < 4; k++) lp_unpack_nibbles512(type, false, _mm512_loadu_si512(c + 64 * k), &wv[i][2 * k], &wv[i][2 * k + 1]);
             } else {
                 for (int k = 0; k < 8; k++) wv[i][k] = _mm512_loadu_si512(c + 64 * k);
             }
-            dw[i] = _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)(panel[i] + (size_t)gi * 32)));
+            dw[i] = lp_panel_scales512(type, ge, panel[i], gi);
         }
         int64_t b = 0;
-        for (; b + 2 <= nb; b += 2) rows_g32(a, w4, wv, dw, NP, gi, b, 2, accf);
-        if (b < nb) rows_g32(a, w4, wv, dw, NP, gi, b, 1, accf);
+        for (; b + 2 <= nb; b += 2) rows_g32(a, type != LP_W8, wv, dw, NP, gi, b, 2, accf);
+        if (b < nb) rows_g32(a, type != LP_W8, wv, dw, NP, gi, b, 1, accf);
     }
     for (int i = 0; i < NP; i++)
         for (int64_t b = 0; b < nb; b++) store_rows(g, p + i, b, _mm512_load_ps(accf[i][b]));
 }
 
-VNNI INLINE void few_rows_g32(const lp_igemm *g, bool w4) {
+VNNI INLINE void few_rows_g32(const lp_igemm *g, uint32_t type) {
     int64_t p = g->p0;
-    for (; p + 2 <= g->p1; p += 2) pair_rows_g32(g, w4, p, 2);
-    if (p < g->p1) pair_rows_g32(g, w4, p, 1);
+    for (; p + 2 <= g->p1; p += 2) pair_rows_g32(g, type, p, 2);
+    if (p < g->p1) pair_rows_g32(g, type, p, 1);
 }
 
-VNNI INLINE void gemm(const lp_igemm *g, bool w4) {
+VNNI INLINE void gemm(const lp_igemm *g, uint32_t type) {
     int64_t b0 = 0;
     if (g->nb > 3 && g->nb <= FEW_ROWS) {
-        if (g->geom.group == 32) few_rows_g32(g, w4);
-        else few_rows(g, w4);
+        if (g->geom.group == 32) few_rows_g32(g, type);
+        else few_rows(g, type);
         return;
     }
     if (g->nb <= 3) {
         switch (g->nb) {
-        case 1: SMALL_BATCH(w4, 1); break;
-        case 2: SMALL_BATCH(w4, 2); break;
-        default: SMALL_BATCH(w4, 3); break;
+        case 1: SMALL_BATCH(type, 1); break;
+        case 2: SMALL_BATCH(type, 2); break;
+        default: SMALL_BATCH(type, 3); break;
         }
         return;
     }
     /* Prefill: each panel (a few KiB to tens of KiB) stays in cache while
      * all batch rows pass over it. */
     for (int64_t p = g->p0; p < g->p1; p++) {
-        for (b0 = 0; b0 + MAX_B <= g->nb; b0 += MAX_B) tile(g, w4, p, 1, b0, MAX_B);
+        for (b0 = 0; b0 + MAX_B <= g->nb; b0 += MAX_B) tile(g, type, p, 1, b0, MAX_B);
         switch (g->nb - b0) {
-        case 7: tile(g, w4, p, 1, b0, 7); break;
-        case 6: tile(g, w4, p, 1, b0, 6); break;
-        case 5: tile(g, w4, p, 1, b0, 5); break;
-        case 4: tile(g, w4, p, 1, b0, 4); break;
-        case 3: tile(g, w4, p, 1, b0, 3); break;
-        case 2: tile(g, w4, p, 1, b0, 2); break;
-        case 1: tile(g, w4, p, 1, b0, 1); break;
+        case 7: tile(g, type, p, 1, b0, 7); break;
+        case 6: tile(g, type, p, 1, b0, 6); break;
+        case 5: tile(g, type, p, 1, b0, 5); break;
+        case 4: tile(g, type, p, 1, b0, 4); break;
+        case 3: tile(g, type, p, 1, b0, 3); break;
+        case 2: tile(g, type, p, 1, b0, 2); break;
+        case 1: tile(g, type, p, 1, b0, 1); break;
         default: break;
         }
     }
@@ -280,8 +275,9 @@ VNNI void lp_quantize_act_avx512(const float *x, int64_t cols, int group, int of
     }
 }
 
-VNNI void lp_w4_gemm_vnni(const lp_igemm *g) { gemm(g, true); }
-VNNI void lp_w8_gemm_vnni(const lp_igemm *g) { gemm(g, false); }
+VNNI void lp_w4_gemm_vnni(const lp_igemm *g) { gemm(g, LP_W4); }
+VNNI void lp_w8_gemm_vnni(const lp_igemm *g) { gemm(g, LP_W8); }
+VNNI void lp_w4c_gemm_vnni(const lp_igemm *g) { gemm(g, LP_W4C); }
 
 #else
 typedef int lp_no_vnni_on_this_target; /* keep the translation unit non-empty */

@@ -1,4 +1,4 @@
-/* Packed integer weights: LP_W4 and LP_W8.
+/* Packed integer weights: LP_W4, LP_W8 and LP_W4C.
  *
  * Both are symmetric: value = q * d with one f16 scale d per `group`
  * consecutive elements of a row (W4: q in [-8, 7], group 32/64/128;
@@ -49,11 +49,18 @@ static inline int clamp_round(float v, int lo, int hi) {
     return (int)r;
 }
 
+const int8_t lp_w4c_levels[16] = {-127, -100, -78, -60, -45, -32, -20, -10, 0, 10, 20, 32, 45, 60, 78, 100};
+const float lp_w4c_frac[16] = {
+    0x1.000000p+0f, 0x1.ea4afap-1f, 0x1.d5818ep-1f, 0x1.c199bep-1f, 0x1.ae89fap-1f, 0x1.9c4918p-1f,
+    0x1.8ace54p-1f, 0x1.7a1148p-1f, 0x1.6a09e6p-1f, 0x1.5ab07ep-1f, 0x1.4bfdaep-1f, 0x1.3dea64p-1f,
+    0x1.306fe0p-1f, 0x1.2387a6p-1f, 0x1.172b84p-1f, 0x1.0b5586p-1f,
+};
+
 bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp_packed_geom *g) {
     if (group == 0) group = 32;
     if (rows < 0 || cols <= 0 || group <= 0 || cols % group != 0) return false;
     size_t code_bytes;
-    if (type == LP_W4) {
+    if (type == LP_W4 || type == LP_W4C) {
         if (group != 32 && group != 64 && group != 128) return false;
         code_bytes = 8 * (size_t)group;
     } else if (type == LP_W8) {
@@ -66,8 +73,19 @@ bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp
     g->groups = cols / group;
     g->group = group;
     g->code_bytes = code_bytes;
-    size_t per_group = 32 + code_bytes;
-    if (!lp_mul_ok(per_group, (size_t)g->groups, &g->panel_bytes)) return false;
+    size_t groups = (size_t)g->groups, scales, codes;
+    if (type == LP_W4C) {
+        g->scales_offset = 64;
+        g->scale_bytes = 16;
+        scales = (groups * 16 + 63) & ~(size_t)63; /* cols < 2^40 (callers): no overflow */
+    } else {
+        g->scales_offset = 0;
+        g->scale_bytes = 32;
+        if (!lp_mul_ok(32, groups, &scales)) return false;
+    }
+    g->codes_offset = g->scales_offset + scales;
+    if (!lp_mul_ok(code_bytes, groups, &codes) || codes > SIZE_MAX - g->codes_offset) return false;
+    g->panel_bytes = g->codes_offset + codes;
     size_t total;
     return lp_mul_ok(g->panel_bytes, (size_t)g->panels, &total);
 }
@@ -90,25 +108,24 @@ static inline const uint8_t *panel_ptr(const lp_packed_geom *g, const uint8_t *d
     return data + (size_t)p * g->panel_bytes;
 }
 
-static inline float scale_of(const lp_packed_geom *g, const uint8_t *panel, int64_t grp, int lane) {
-    return read_f16(panel + (size_t)grp * 32 + 2 * (size_t)lane);
-}
+/* Value of nibble code n of a 4-bit type, before the scale. */
+static inline int nibble_value(uint32_t type, int n) { return type == LP_W4C ? lp_w4c_levels[n] : n - 8; }
 
 /* Columns [c0, c0+n) of one row (lane) of a panel; c0 and n multiples of 8. */
 static void dequant_lane(uint32_t type, const lp_packed_geom *g, const uint8_t *panel, int lane, int64_t c0,
                          int64_t n, float *o) {
-    const uint8_t *codes0 = panel + (size_t)g->groups * 32;
+    const uint8_t *codes0 = panel + g->codes_offset;
     for (int64_t c = c0; c < c0 + n; c += 8) {
         int64_t grp = c / g->group;
         int i = (int)(c % g->group);
-        float d = scale_of(g, panel, grp, lane);
+        float d = lp_packed_scale(type, g, panel, grp, lane);
         const uint8_t *codes = codes0 + (size_t)grp * g->code_bytes;
         float *dst = o + (c - c0);
-        if (type == LP_W4) {
+        if (type != LP_W8) {
             const uint8_t *b = codes + 64 * (i / 8) + 4 * lane;
             for (int j = 0; j < 4; j++) {
-                dst[j] = (float)((b[j] & 0x0f) - 8) * d;
-                dst[j + 4] = (float)((b[j] >> 4) - 8) * d;
+                dst[j] = (float)nibble_value(type, b[j] & 0x0f) * d;
+                dst[j + 4] = (float)nibble_value(type, b[j] >> 4) * d;
             }
         } else {
             const uint8_t *b = codes + 64 * (i / 4) + 4 * lane;
@@ -125,24 +142,24 @@ static void dequant_lane(uint32_t type, const lp_packed_geom *g, const uint8_t *
 void lp_packed_dequant_panel(uint32_t type, const lp_packed_geom *g, const uint8_t *data, int64_t p,
                              int64_t c0, int64_t n, float *out, int64_t out_stride) {
     const uint8_t *panel = panel_ptr(g, data, p);
-    const uint8_t *codes0 = panel + (size_t)g->groups * 32;
+    const uint8_t *codes0 = panel + g->codes_offset;
     float d[LP_PANEL];
     int64_t grp = -1;
     for (int64_t c = c0; c < c0 + n; c += 8) {
         if (c / g->group != grp) {
             grp = c / g->group;
-            for (int lane = 0; lane < LP_PANEL; lane++) d[lane] = scale_of(g, panel, grp, lane);
+            for (int lane = 0; lane < LP_PANEL; lane++) d[lane] = lp_packed_scale(type, g, panel, grp, lane);
         }
         int i = (int)(c % g->group);
         const uint8_t *codes = codes0 + (size_t)grp * g->code_bytes;
         float *dst = out + (c - c0);
-        if (type == LP_W4) {
+        if (type != LP_W8) {
             const uint8_t *chunk = codes + 64 * (i / 8);
             for (int lane = 0; lane < LP_PANEL; lane++)
                 for (int j = 0; j < 4; j++) {
                     uint8_t byte = chunk[4 * lane + j];
-                    dst[lane * out_stride + j] = (float)((byte & 0x0f) - 8) * d[lane];
-                    dst[lane * out_stride + j + 4] = (float)((byte >> 4) - 8) * d[lane];
+                    dst[lane * out_stride + j] = (float)nibble_value(type, byte & 0x0f) * d[lane];
+                    dst[lane * out_stride + j + 4] = (float)nibble_value(type, byte >> 4) * d[lane];
                 }
         } else {
             const uint8_t *chunk = codes + 64 * (i / 4);
@@ -162,7 +179,7 @@ void lp_packed_dequant_row(uint32_t type, const lp_packed_geom *g, const uint8_t
 
 void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst) {
     lp_packed_geom g;
-    if (w->type == LP_W4 || w->type == LP_W8) {
+    if (lp_dtype_is_packed(w->type)) {
         if (!lp_packed_geometry(w->type, w->rows, w->cols, w->group, &g) || row < 0 || row >= w->rows) {
             memset(dst, 0, (size_t)w->cols * sizeof(float));
             return;
@@ -175,10 +192,11 @@ void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst) {
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
+/* W4: q in [-8, 7]; W4C: q = nibble - 8; W8: q in [-128, 127]. */
 static inline void put_code(uint32_t type, const lp_packed_geom *g, uint8_t *panel, int64_t grp, int lane,
                             int i, int q) {
-    uint8_t *codes = panel + (size_t)g->groups * 32 + (size_t)grp * g->code_bytes;
-    if (type == LP_W4) {
+    uint8_t *codes = panel + g->codes_offset + (size_t)grp * g->code_bytes;
+    if (type != LP_W8) {
         uint8_t *byte = &codes[64 * (i / 8) + 4 * lane + (i % 4)];
         uint8_t nib = (uint8_t)(q + 8);
         *byte = (i % 8) < 4 ? (uint8_t)((*byte & 0xf0) | nib) : (uint8_t)((*byte & 0x0f) | (nib << 4));
@@ -187,12 +205,13 @@ static inline void put_code(uint32_t type, const lp_packed_geom *g, uint8_t *pan
     }
 }
 
-/* Padding rows must decode to 0 with any scale: codes = bias, scales 0. */
+/* Padding rows must decode to 0 with any scale: codes = the bias (W4C:
+ * nibble 8, level 0), scales and row ranges 0. */
 static void init_panels(uint32_t type, const lp_packed_geom *g, uint8_t *dst) {
     for (int64_t p = 0; p < g->panels; p++) {
         uint8_t *panel = dst + (size_t)p * g->panel_bytes;
-        memset(panel, 0, (size_t)g->groups * 32);
-        memset(panel + (size_t)g->groups * 32, type == LP_W4 ? 0x88 : 0x80, (size_t)g->groups * g->code_bytes);
+        memset(panel, 0, g->codes_offset);
+        memset(panel + g->codes_offset, type == LP_W8 ? 0x80 : 0x88, (size_t)g->groups * g->code_bytes);
     }
 }
 
@@ -315,12 +334,122 @@ static uint16_t quantize_w4_group(const float *x_in, int n, bool search, int8_t 
     return best.h;
 }
 
+/* ---- W4C: the codebook quantizer ------------------------------------------------- */
+
+/* Where a value v (in units of the scale) falls between the levels: it
+ * rounds above level m when 2v > twice the midpoint of m and m + 1, and
+ * each level crossed adds the gap to the next. Computed from the levels
+ * so the two can never disagree. */
+typedef struct w4c_grid {
+    float mid2[15], gap[15];
+} w4c_grid;
+
+static w4c_grid w4c_make_grid(void) {
+    w4c_grid t;
+    for (int m = 0; m < 15; m++) {
+        t.mid2[m] = (float)(lp_w4c_levels[m] + lp_w4c_levels[m + 1]);
+        t.gap[m] = (float)(lp_w4c_levels[m + 1] - lp_w4c_levels[m]);
+    }
+    return t;
+}
+
+/* Squared error of x against its nearest levels times d (d != 0), with
+ * 8 partial sums so the compiler vectorizes it (n a multiple of 8). */
+static float w4c_error(const w4c_grid *t, const float *x, int n, float d) {
+    const float id2 = 2.0f / d;
+    float acc[8] = {0};
+    for (int i = 0; i < n; i += 8)
+        for (int j = 0; j < 8; j++) {
+            float v2 = x[i + j] * id2, q = (float)lp_w4c_levels[0];
+            for (int m = 0; m < 15; m++) q += v2 > t->mid2[m] ? t->gap[m] : 0.0f;
+            float e = x[i + j] - d * q;
+            acc[j] += e * e;
+        }
+    return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
+}
+
+/* Nibble codes of x for the scale d, as w4c_error picks them. */
+static void w4c_codes(const w4c_grid *t, const float *x, int n, float d, int8_t *nib) {
+    const float id2 = 2.0f / d;
+    for (int i = 0; i < n; i++) {
+        float v2 = x[i] * id2;
+        int c = 0;
+        for (int m = 0; m < 15; m++) c += v2 > t->mid2[m];
+        nib[i] = (int8_t)c;
+    }
+}
+
+/* The largest |weight| of a row / 64: the scale grid of a row spans r
+ * down to r / 256, so the +100 level of the row's largest group still has
+ * room above it (a grid topped at max / 128 measurably cut those off). */
+static float w4c_row_range(const float *x, int64_t n) {
+    float amax = 0;
+    for (int64_t i = 0; i < n; i++)
+        if (fabsf(x[i]) > amax) amax = fabsf(x[i]); /* NaN never compares greater */
+    return amax > 0 && isfinite(amax) ? amax / 64.0f : 0.0f;
+}
+
+/* One W4C group: every grid scale (both signs) that puts the group's
+ * largest |weight| between levels 50 and 160 is tried, and the one with
+ * the least squared error after rounding to the levels wins. Returns the
+ * scale byte; nib gets the codes. */
+static uint8_t quantize_w4c_group(const w4c_grid *t, const float *x_in, int n, float r, int8_t *nib) {
+    float x[128], amax = 0;
+    for (int i = 0; i < n; i++) {
+        x[i] = isnan(x_in[i]) ? 0.0f : x_in[i]; /* NaN weights quantize as 0 */
+        amax = fmaxf(amax, fabsf(x[i]));
+    }
+    if (!(amax > 0) || !isfinite(amax) || !(r > 0)) {
+        memset(nib, 8, (size_t)n); /* level 0 */
+        return 0;
+    }
+    /* |scale| = r 2^(-k/16) in [amax / 160, amax / 50] */
+    int k_lo = (int)floorf(-16.0f * log2f(amax / 50.0f / r));
+    int k_hi = (int)ceilf(-16.0f * log2f(amax / 160.0f / r));
+    k_lo = k_lo < 0 ? 0 : k_lo > 127 ? 127 : k_lo;
+    k_hi = k_hi < k_lo ? k_lo : k_hi > 127 ? 127 : k_hi;
+    uint8_t best = 0;
+    float best_err = INFINITY;
+    for (int sign = 0; sign <= 0x80; sign += 0x80)
+        for (int k = k_lo; k <= k_hi; k++) {
+            uint8_t byte = (uint8_t)(k | sign);
+            float err = w4c_error(t, x, n, lp_w4c_scale(r, byte));
+            if (err < best_err) {
+                best_err = err;
+                best = byte;
+            }
+        }
+    w4c_codes(t, x, n, lp_w4c_scale(r, best), nib);
+    return best;
+}
+
+static void pack_w4c(const lp_packed_geom *g, const float *src, int64_t rows, int64_t cols, uint8_t *out) {
+    const w4c_grid t = w4c_make_grid();
+    int8_t nib[128];
+    for (int64_t row = 0; row < rows; row++) {
+        uint8_t *panel = out + (size_t)(row / LP_PANEL) * g->panel_bytes;
+        int lane = (int)(row % LP_PANEL);
+        const float *x = src + row * cols;
+        float r = w4c_row_range(x, cols);
+        memcpy(panel + 4 * lane, &r, sizeof r);
+        for (int64_t grp = 0; grp < g->groups; grp++) {
+            uint8_t k = quantize_w4c_group(&t, x + grp * g->group, g->group, r, nib);
+            panel[g->scales_offset + (size_t)grp * g->scale_bytes + (size_t)lane] = k;
+            for (int i = 0; i < g->group; i++) put_code(LP_W4C, g, panel, grp, lane, i, nib[i] - 8);
+        }
+    }
+}
+
 int lp_pack_weight_ex(uint32_t type, int group, const float *src, int64_t rows, int64_t cols, void *dst,
                       bool search) {
     lp_packed_geom g;
     if (!lp_packed_geometry(type, rows, cols, group, &g)) return -1;
     uint8_t *out = dst;
     init_panels(type, &g, out);
+    if (type == LP_W4C) {
+        pack_w4c(&g, src, rows, cols, out);
+        return 0;
+    }
     int8_t q[128];
     for (int64_t r = 0; r < rows; r++) {
         uint8_t *panel = out + (size_t)(r / LP_PANEL) * g.panel_bytes;

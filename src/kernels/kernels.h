@@ -18,7 +18,7 @@
 /* A weight matrix: rows = output features, cols = input features; row r
  * occupies row_bytes bytes at data + r*row_bytes, in `type`'s block layout.
  *
- * Exception: the packed integer types LP_W4 / LP_W8 interleave 16 rows (see
+ * Exception: the packed integer types LP_W4 / LP_W8 / LP_W4C interleave 16 rows (see
  * intpack.c); for them row_bytes is only the average bytes per row
  * (lp_pack_bytes / rows, informational), data holds lp_pack_bytes(type,
  * rows, cols, group) bytes and single rows are read with
@@ -28,7 +28,7 @@ typedef struct lp_weight {
     int64_t rows, cols;
     size_t row_bytes;
     const void *data;
-    int32_t group;      /* LP_W4/LP_W8: elements per scale; 0 = 32 */
+    int32_t group;      /* packed types: elements per scale; 0 = 32 */
 } lp_weight;
 
 /* ---- element types ----------------------------------------------------- */
@@ -40,23 +40,24 @@ void lp_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
  * Returns false for types we cannot produce. */
 bool lp_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
 
-/* Row r of any weight (every type above plus LP_W4/LP_W8), as W->cols
+/* Row r of any weight (every type above plus the packed ones), as W->cols
  * floats. Used for embedding lookups. */
 void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst);
 
-/* ---- packed integer weights (LP_W4, LP_W8) ------------------------------- */
+/* ---- packed integer weights (LP_W4, LP_W8, LP_W4C) ------------------------- */
 
 /* Bytes of a packed rows x cols matrix; 0 for bad arguments (type not
- * LP_W4/LP_W8, group not 32/64/128 for W4 or not a multiple of 32 dividing
+ * packed, group not 32/64/128 for W4/W4C or not a multiple of 32 dividing
  * cols for W8, group 0 = 32, cols not a multiple of group, overflow).
  * W8 per-row scales: group = cols. */
 size_t lp_pack_bytes(uint32_t type, int64_t rows, int64_t cols, int group);
 /* Quantizes row-major float rows into the packed layout at dst
- * (lp_pack_bytes bytes). W4 uses a per-group scale search minimising the
- * squared error. Returns 0, or -1 for bad arguments. */
+ * (lp_pack_bytes bytes). W4 and W4C use a per-group scale search minimising
+ * the squared error. Returns 0, or -1 for bad arguments. */
 int lp_pack_weight(uint32_t type, int group, const float *src_rows_major, int64_t rows,
                    int64_t cols, void *dst);
-/* As lp_pack_weight; search = false takes the plain absmax scale (W4). */
+/* As lp_pack_weight; search = false takes the plain absmax scale (W4; W4C
+ * always searches). */
 int lp_pack_weight_ex(uint32_t type, int group, const float *src_rows_major, int64_t rows,
                       int64_t cols, void *dst, bool search);
 /* Lossless repack of GGUF rows (row_bytes = lp_dtype_row_bytes(gguf_type,

@@ -4,6 +4,8 @@
 
 #include "kernels.h"
 
+#include <string.h>
+
 /* lp_matmul works on tiles of LP_TILE_ROWS weight rows x LP_CHUNK columns,
  * so a dequantized chunk (4 x 1024 floats = 16 KiB) stays in L1 while every
  * batch row streams past it. LP_CHUNK is a multiple of every block size. */
@@ -29,24 +31,65 @@ void lp_dequantize_row_fast(int level, uint32_t type, const void *src, float *ds
 
 /* ---- packed integer weights (intpack.c, intmatmul*.c) ------------------------ */
 
-/* Rows per panel: the unit of the LP_W4/LP_W8 layout (intpack.c). */
+/* Rows per panel: the unit of the packed layouts (intpack.c). */
 #define LP_PANEL 16
 
-/* Geometry of a packed matrix. */
+/* Geometry of a packed matrix. A panel is [header][scales][codes]: W4/W8
+ * have no header and 32 bytes of f16 scales per group; W4C a 64-byte
+ * header (16 f32 row ranges) and 16 bytes of log scales per group. */
 typedef struct lp_packed_geom {
     int64_t panels, groups;  /* ceil(rows / 16), cols / group */
     int group;               /* elements per scale */
-    size_t code_bytes;       /* bytes of codes per panel and group: 8*group (W4) or 16*group (W8) */
-    size_t panel_bytes;      /* groups * (32 + code_bytes) */
+    size_t code_bytes;       /* bytes of codes per panel and group: 8*group (W4, W4C) or 16*group (W8) */
+    size_t scales_offset;    /* from the panel start: 0 (W4, W8) or 64 (W4C) */
+    size_t scale_bytes;      /* per group: 32 (16 f16) or 16 (W4C) */
+    size_t codes_offset;     /* from the panel start */
+    size_t panel_bytes;      /* codes_offset + groups * code_bytes */
 } lp_packed_geom;
 
 /* false for bad type/shape; group 0 means 32. */
 bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp_packed_geom *g);
 
+/* ---- W4C: the codebook format ------------------------------------------------- */
+
+/* A W4C code (a nibble) stands for one of these int8 levels times the
+ * group's scale: denser near zero, where most weights are, and reaching
+ * -127 on one side only (the scale's sign picks the side). */
+extern const int8_t lp_w4c_levels[16];
+/* 2^(-j/16) rounded to float, j = 0..15. */
+extern const float lp_w4c_frac[16];
+
+/* The scale a W4C log-scale byte k stands for in a row of range r:
+ * sign(bit 7) x (r x 2^(-(k & 15)/16)) x 2^-((k >> 4) & 7). The power of two
+ * is exact, so every kernel level computes the same bits with the same two
+ * multiplies. */
+static inline float lp_w4c_scale(float r, uint8_t k) {
+    float m = r * lp_w4c_frac[k & 15], p2;
+    uint32_t bits = (uint32_t)(127 - ((k >> 4) & 7)) << 23;
+    memcpy(&p2, &bits, sizeof p2);
+    m = m * p2;
+    memcpy(&bits, &m, sizeof bits);
+    bits ^= (uint32_t)(k & 0x80) << 24;
+    memcpy(&m, &bits, sizeof m);
+    return m;
+}
+
+/* The scale of group gi of row `lane` of a panel, any packed type. */
+static inline float lp_packed_scale(uint32_t type, const lp_packed_geom *g, const uint8_t *panel, int64_t gi,
+                                    int lane) {
+    const uint8_t *s = panel + g->scales_offset + (size_t)gi * g->scale_bytes;
+    if (type == LP_W4C) {
+        float r;
+        memcpy(&r, panel + 4 * lane, sizeof r);
+        return lp_w4c_scale(r, s[lane]);
+    }
+    return lp_f16_to_f32((uint16_t)(s[2 * lane] | (s[2 * lane + 1] << 8)));
+}
+
 /* Activations quantized to int8 per group of `group` elements (the weight's
  * group): row b has codes q[b*q_stride ..], scales d[b*groups + g] (x ~=
  * d*q, q in [-127,127]) and corr[b*groups + g] = -offset * sum(q in group),
- * where offset is the weight code bias (8 for W4, 128 for W8): kernels
+ * where offset is the weight code bias (8 for W4, 128 for W8 and W4C): kernels
  * that multiply biased unsigned weight codes start each group's integer
  * sum at corr, which cancels the bias exactly. */
 typedef struct lp_qact {
@@ -84,13 +127,17 @@ typedef struct lp_igemm {
  * level gives bit-identical floats. */
 void lp_w4_gemm_ref(const lp_igemm *g);
 void lp_w8_gemm_ref(const lp_igemm *g);
+void lp_w4c_gemm_ref(const lp_igemm *g);
 #if defined(__x86_64__)
 void lp_w4_gemm_avx2(const lp_igemm *g);
 void lp_w8_gemm_avx2(const lp_igemm *g);
+void lp_w4c_gemm_avx2(const lp_igemm *g);
 void lp_w4_gemm_vnni(const lp_igemm *g);
 void lp_w8_gemm_vnni(const lp_igemm *g);
+void lp_w4c_gemm_vnni(const lp_igemm *g);
 void lp_w4_gemm_amx(const lp_igemm *g);
 void lp_w8_gemm_amx(const lp_igemm *g);
+void lp_w4c_gemm_amx(const lp_igemm *g);
 #endif
 /* Quantizes one activation row to int8 per group (see lp_qact): the C
  * reference and an AVX-512 copy with bit-identical results. */
@@ -122,6 +169,7 @@ bool lp_amx_available(void);
 #if defined(LP_HAVE_NEON_DOT)
 void lp_w4_gemm_neon(const lp_igemm *g);
 void lp_w8_gemm_neon(const lp_igemm *g);
+void lp_w4c_gemm_neon(const lp_igemm *g);
 #endif
 
 /* Dequantizes columns [c0, c0+n) of the 16 rows of panel p into

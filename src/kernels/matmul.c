@@ -175,7 +175,7 @@ void lp_matmul(const lp_kernels *k, lp_threadpool *pool, const lp_weight *W,
                const float *X, int64_t x_stride, int64_t n_batch, float *Y,
                int64_t y_stride) {
     if (W->rows <= 0 || n_batch <= 0) return;
-    if (W->type == LP_W4 || W->type == LP_W8) {
+    if (lp_dtype_is_packed(W->type)) {
         if (!lp_matmul_packed(k, pool, W, X, x_stride, n_batch, Y, y_stride))
             for (int64_t b = 0; b < n_batch; b++) memset(Y + b * y_stride, 0, (size_t)W->rows * sizeof(float));
         return;
@@ -212,7 +212,7 @@ void lp_matmul_tasks(const lp_kernels *k, lp_threadpool *pool, int n, const lp_m
 
 void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
                    int64_t n_batch, float *Y, int64_t y_stride) {
-    if (W->type == LP_W4 || W->type == LP_W8) {
+    if (lp_dtype_is_packed(W->type)) {
         lp_matmul_ref_packed(W, X, x_stride, n_batch, Y, y_stride);
         return;
     }

@@ -48,7 +48,7 @@ static void label(uint32_t kind, int layer, char *buf, size_t cap) {
 }
 
 static lp_weight weight_of(const lp_lpx_tensor *t) {
-    if (t->type == LP_W4 || t->type == LP_W8)
+    if (lp_dtype_is_packed(t->type))
         return lp_packed_weight(t->type, (int)t->group, (int64_t)t->rows, (int64_t)t->cols, t->data);
     lp_weight w = {.type = t->type, .rows = (int64_t)t->rows, .cols = (int64_t)t->cols,
                    .row_bytes = lp_dtype_row_bytes(t->type, t->cols), .data = t->data};
@@ -91,7 +91,7 @@ static int row_view(const lp_weight *w, int64_t row0, int64_t n, const char *wha
                     const char *name, lp_weight *out, lp_error *err) {
     *out = *w;
     out->rows = n;
-    if (w->type == LP_W4 || w->type == LP_W8) {
+    if (lp_dtype_is_packed(w->type)) {
         if (row0 % 16 != 0)
             return lp_fail(err, "%s: fused tensor %s can't be split at row %lld (packed panels "
                            "hold 16 rows)", what, name, (long long)row0);
@@ -342,7 +342,7 @@ static void note(const compiler *c, const char *fmt, ...) {
     c->p->note(c->p->user, msg);
 }
 
-static bool is_packed(uint32_t type) { return type == LP_W4 || type == LP_W8; }
+static bool is_packed(uint32_t type) { return lp_dtype_is_packed(type); }
 
 /* The type a matrix with `cols` inputs gets. Embeddings that are only looked
  * up (untied) stay Q8_0/F16: they are read one row at a time. */
@@ -436,7 +436,7 @@ static int add_matrix(compiler *c, uint32_t kind, int layer, const lp_weight *co
      * predicting EOS). Already-quantized sources keep their bit-exact repack. */
     bool classifier = kind == LP_LPX_T_OUTPUT || (kind == LP_LPX_T_TOK_EMBD && !lookup_only);
     bool float_source = srcs[0]->type == LP_F32 || srcs[0]->type == LP_F16 || srcs[0]->type == LP_BF16;
-    if (classifier && float_source && t->type == LP_W4 && !c->p->q4_output &&
+    if (classifier && float_source && (t->type == LP_W4 || t->type == LP_W4C) && !c->p->q4_output &&
         lp_pack_bytes(LP_W8, 16, srcs[0]->cols, 32)) {
         t->type = LP_W8;
         t->group = 32;
@@ -500,7 +500,8 @@ static int plan(compiler *c, lp_error *err) {
      * the columns of a 4-bit group unevenly: on the demo base KL vs f32 rose
      * from 0.0054 to 0.0065 (search) and 0.0051 to 0.0072 (absmax), so q4
      * folds only when asked. */
-    c->fold = !c->p->no_fold && !m->norms_folded && (c->p->weight_type != LP_W4 || c->p->fold);
+    c->fold = !c->p->no_fold && !m->norms_folded &&
+              ((c->p->weight_type != LP_W4 && c->p->weight_type != LP_W4C) || c->p->fold);
     if (c->fold && fold_would_requantize(c)) {
         c->fold = false;
         note(c, "norm gains not folded: the source's Q4_0/Q8_0 weights are repacked bit for bit");
@@ -699,11 +700,11 @@ static void fill_header(const compiler *c, lp_lpx_header *h) {
 int lp_model_compile(const lp_model *src, const char *out_path, const lp_compile_params *p,
                      lp_error *err) {
     uint32_t wt = p->weight_type;
-    if (wt != LP_W4 && wt != LP_W8 && wt != LP_F16 && wt != LP_F32)
-        return lp_fail(err, "compile: weight type must be W4, W8, F16 or F32");
+    if (wt != LP_W4 && wt != LP_W4C && wt != LP_W8 && wt != LP_F16 && wt != LP_F32)
+        return lp_fail(err, "compile: weight type must be W4, W4C, W8, F16 or F32");
     int g = p->group ? p->group : 32;
-    if ((wt == LP_W4 && g != 32 && g != 64 && g != 128) || (wt == LP_W8 && (g <= 0 || g % 32 != 0)))
-        return lp_fail(err, "compile: group %d is not valid for %s (W4: 32, 64, 128; W8: a "
+    if (((wt == LP_W4 || wt == LP_W4C) && g != 32 && g != 64 && g != 128) || (wt == LP_W8 && (g <= 0 || g % 32 != 0)))
+        return lp_fail(err, "compile: group %d is not valid for %s (W4, W4C: 32, 64, 128; W8: a "
                        "multiple of 32)", g, lp_dtype_name(wt));
     compiler c = {.src = src, .p = p};
     lp_lpx_header h;

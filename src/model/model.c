@@ -301,7 +301,7 @@ int lp_model_finish(lp_model *m, lp_error *err) {
 
 static uint64_t weight_params(const lp_weight *w) { return (uint64_t)(w->rows * w->cols); }
 static uint64_t weight_bytes(const lp_weight *w) {
-    if (w->type == LP_W4 || w->type == LP_W8) /* packed panels: row_bytes is an average */
+    if (lp_dtype_is_packed(w->type)) /* packed panels: row_bytes is an average */
         return lp_pack_bytes(w->type, w->rows, w->cols, w->group);
     return (uint64_t)w->row_bytes * (uint64_t)w->rows;
 }
