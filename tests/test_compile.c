@@ -102,7 +102,7 @@ static void greedy(const lp_model *m, char *out) {
 
 static const int32_t toks[10] = {1, 403, 407, 261, 378, 30, 60, 99, 7, 300};
 
-/* stories260K: f32 exact, f16/q8/q4 close, q8 greedy text identical. */
+/* stories260K: f32 exact, f16/q8/q4/q4c close, q8 greedy text identical. */
 static void test_stories(void) {
     lp_error err;
     lp_model *src = lp_model_load(LP_SHARED_MODELS "/stories260K.gguf", NULL, &err);
@@ -115,7 +115,7 @@ static void test_stories(void) {
     greedy(src, src_text);
     const struct { const char *name; uint32_t type; float tol; } cases[] = {
         {"s-f32.lpx", LP_F32, 1e-4f}, {"s-f16.lpx", LP_F16, 0.05f},
-        {"s-q8.lpx", LP_W8, 0.5f}, {"s-q4.lpx", LP_W4, 4.0f},
+        {"s-q8.lpx", LP_W8, 0.5f}, {"s-q4.lpx", LP_W4, 4.0f}, {"s-q4c.lpx", LP_W4C, 4.0f},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *path = tmp(cases[c].name);
@@ -127,12 +127,12 @@ static void test_stories(void) {
         lp_model_get_info(m, &info);
         CHECK(strcmp(info.format, "lpx") == 0);
         /* q4 keeps gains separate unless asked (folding costs 4-bit accuracy) */
-        CHECK(m->norms_folded == (cases[c].type != LP_W4));
+        CHECK(m->norms_folded == (cases[c].type != LP_W4 && cases[c].type != LP_W4C));
         CHECK(m->layers[0].wqkv.data != NULL);
         /* gate/up have 172 rows: fused unless packed (16-row panels) */
-        bool packed = cases[c].type == LP_W4 || cases[c].type == LP_W8;
+        bool packed = lp_dtype_is_packed(cases[c].type);
         CHECK(packed ? m->layers[0].w_gate_up.data == NULL : m->layers[0].w_gate_up.data != NULL);
-        if (cases[c].type == LP_W4 || cases[c].type == LP_W8) CHECK(m->layers[0].wqkv.type == cases[c].type);
+        if (packed) CHECK(m->layers[0].wqkv.type == cases[c].type);
         /* the classifier (tied embedding here) of a float source stays 8-bit under q4 */
         if (packed) CHECK(m->output.type == LP_W8);
         CHECK(run_logits(m, toks, 10, 0, NULL, 0, got));

@@ -77,7 +77,7 @@ bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp
     if (type == LP_W4C) {
         g->scales_offset = 64;
         g->scale_bytes = 16;
-        scales = (groups * 16 + 63) & ~(size_t)63; /* cols < 2^40 (callers): no overflow */
+        if (!lp_mul_ok(16, groups, &scales)) return false;
     } else {
         g->scales_offset = 0;
         g->scale_bytes = 32;
