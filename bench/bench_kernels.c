@@ -44,7 +44,7 @@ static const shape k_shapes[] = {{2048, 2048, 2}, {256, 2048, 2}, {5632, 2048, 2
 typedef struct wtype { uint32_t type; int group; bool int8; const char *name; } wtype;
 static const wtype k_types[] = {
     {LP_W4, 32, true, "W4 g32"}, {LP_W4, 64, true, "W4 g64"},  {LP_W4, 128, true, "W4 g128"},
-    {LP_W8, 32, true, "W8 g32"}, {LP_Q4_0, 0, false, "Q4_0"},
+    {LP_W8, 32, true, "W8 g32"}, {LP_W4C, 32, true, "W4C g32"}, {LP_Q4_0, 0, false, "Q4_0"},
     {LP_Q8_0, 0, false, "Q8_0"}, {LP_F16, 0, false, "F16"},
 };
 
@@ -127,12 +127,12 @@ static stats read_bandwidth(lp_threadpool *pool) {
 /* ---- weights ------------------------------------------------------------------------- */
 
 static size_t weight_bytes(const lp_weight *W) {
-    if (W->type == LP_W4 || W->type == LP_W8) return lp_pack_bytes(W->type, W->rows, W->cols, W->group);
+    if (lp_dtype_is_packed(W->type)) return lp_pack_bytes(W->type, W->rows, W->cols, W->group);
     return W->row_bytes * (size_t)W->rows;
 }
 
 static void *make_weight(const wtype *t, const float *wf, int64_t rows, int64_t cols, lp_weight *W) {
-    if (t->type == LP_W4 || t->type == LP_W8) {
+    if (lp_dtype_is_packed(t->type)) {
         void *p = lp_alloc(lp_pack_bytes(t->type, rows, cols, t->group));
         lp_pack_weight_ex(t->type, t->group, wf, rows, cols, p, false);
         *W = lp_packed_weight(t->type, t->group, rows, cols, p);

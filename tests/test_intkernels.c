@@ -212,14 +212,13 @@ static void test_w4c(void) {
     /* 5.2 % fewer bytes than W4 on a 2048-wide matrix */
     CHECK(lp_pack_bytes(LP_W4C, 2048, 2048, 32) * 100 < lp_pack_bytes(LP_W4, 2048, 2048, 32) * 95);
 
-    /* scales: r x 2^(-k/16) with a sign bit, the power of two exact */
+    /* scales: b x 2^(k >> 4 & 7) x (1 + (k & 15) / 16) with a sign bit */
     int bad = 0;
-    const float r = 0.0123f;
+    const float b = 0x1p-12f;
     for (int k = 0; k < 256; k++) {
-        double want = (k & 0x80 ? -1.0 : 1.0) * (double)r * pow(2.0, -(double)(k & 0x7f) / 16.0);
-        float got = lp_w4c_scale(r, (uint8_t)k);
-        bad += !(fabs(got - want) <= 2e-7 * fabs(want));
-        bad += got != (k & 0x80 ? -1.0f : 1.0f) * ldexpf(r * lp_w4c_frac[k & 15], -((k >> 4) & 7));
+        float want = (k & 0x80 ? -1.0f : 1.0f) * ldexpf(b, (k >> 4) & 7) * (1.0f + (float)(k & 15) / 16.0f);
+        bad += lp_w4c_scale(b, (uint8_t)k) != want;
+        if (k > 0 && k < 128) bad += !(lp_w4c_scale(b, (uint8_t)k) > lp_w4c_scale(b, (uint8_t)(k - 1)));
     }
     CHECK_MSG(bad == 0, "W4C scales: %d of 256 off", bad);
     CHECK(lp_w4c_levels[8] == 0); /* padding codes (0x88) decode to 0 */
@@ -291,7 +290,7 @@ typedef struct int_level_setup {
 } int_level_setup;
 
 /* Every integer level this CPU can run, reference first. */
-static int int_levels(int_level_setup out[5]) {
+static int int_levels(int_level_setup out[6]) {
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     int n = 0;
@@ -301,12 +300,18 @@ static int int_levels(int_level_setup out[5]) {
 #if defined(__x86_64__)
     if (cpu.avx2 && cpu.fma && cpu.f16c) {
         lp_kernels_init(&out[n].k, &cpu);
+        out[n].k.vbmi = false;
         out[n++].k.int_level = LP_INT_AVX2;
     }
 #endif
     if (best.int_level == LP_INT_AMX) { /* also the VNNI kernel AMX falls back to */
         out[n].k = best;
         out[n++].k.int_level = LP_INT_AVX512VNNI;
+    }
+    if (best.vbmi) { /* and the VNNI kernels of CPUs without VBMI */
+        out[n].k = best;
+        out[n].k.int_level = LP_INT_AVX512VNNI;
+        out[n++].k.vbmi = false;
     }
     if (best.int_level != LP_INT_REF && best.int_level != LP_INT_AVX2) out[n++].k = best;
     return n;
@@ -341,11 +346,12 @@ static void test_matmul(void) {
     lp_error err;
     lp_threadpool *pool2 = lp_threadpool_create(2, &err);
     CHECK(pool2 != NULL);
-    int_level_setup levels[5];
+    int_level_setup levels[6];
     int n_levels = int_levels(levels);
     for (int l = 0; l < n_levels; l++) {
         CHECK(lp_kernels_reserve(&levels[l].k, 64, 1024, &err) == 0);
-        printf("integer kernel level: %s\n", lp_int_level_name(levels[l].k.int_level));
+        printf("integer kernel level: %s%s\n", lp_int_level_name(levels[l].k.int_level),
+               levels[l].k.vbmi ? " (vbmi)" : "");
     }
     static const mm_case cases[] = {
         {LP_W4, 32, 37, 96},  {LP_W4, 64, 16, 128}, {LP_W4, 128, 100, 256}, {LP_W4, 32, 1, 32},
@@ -504,7 +510,7 @@ static void test_matmul_multi(void) {
     lp_error err;
     lp_threadpool *pool2 = lp_threadpool_create(2, &err);
     CHECK(pool2 != NULL);
-    int_level_setup levels[5];
+    int_level_setup levels[6];
     int n_levels = int_levels(levels);
     enum { COLS = 256, NB = 19 };
     static const int64_t rows[3] = {48, 16, 37};
@@ -571,7 +577,7 @@ static void test_matmul_tasks(void) {
     lp_error err;
     lp_threadpool *pool2 = lp_threadpool_create(2, &err);
     CHECK(pool2 != NULL);
-    int_level_setup levels[5];
+    int_level_setup levels[6];
     int n_levels = int_levels(levels);
     enum { N_TASKS = 5, MAXC = 256, MAXB = 12 };
     /* shrink-like (rank x width) and expand-like (width x 32) shapes */

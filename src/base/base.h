@@ -53,7 +53,7 @@ int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,
 
 typedef struct lp_cpu_features {
     bool avx2, fma, f16c;
-    bool avx512f, avx512bw, avx512vl, avx512vnni, avx512bf16;
+    bool avx512f, avx512bw, avx512vl, avx512vnni, avx512vbmi, avx512bf16;
     bool avxvnni;
     bool neon, dotprod;
 } lp_cpu_features;

@@ -32,6 +32,7 @@ void lp_cpu_detect(lp_cpu_features *f) {
     f->avx512bw = zmm_ok && ((b >> 30) & 1);
     f->avx512vl = zmm_ok && ((b >> 31) & 1);
     f->avx512vnni = zmm_ok && ((c >> 11) & 1);
+    f->avx512vbmi = zmm_ok && ((c >> 1) & 1);
     unsigned a1, b1, c1, d1;
     __cpuid_count(7, 1, a1, b1, c1, d1);
     (void)b1; (void)c1; (void)d1;
@@ -62,6 +63,7 @@ void lp_cpu_describe(const lp_cpu_features *f, char *buf, size_t cap) {
         {offsetof(lp_cpu_features, avx512bw), "avx512bw"},
         {offsetof(lp_cpu_features, avx512vl), "avx512vl"},
         {offsetof(lp_cpu_features, avx512vnni), "avx512vnni"},
+        {offsetof(lp_cpu_features, avx512vbmi), "avx512vbmi"},
         {offsetof(lp_cpu_features, avx512bf16), "avx512bf16"},
         {offsetof(lp_cpu_features, avxvnni), "avxvnni"},
         {offsetof(lp_cpu_features, neon), "neon"},

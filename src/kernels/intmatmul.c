@@ -164,23 +164,25 @@ static igemm_fn by_type(kernel_set k, uint32_t type) {
     return type == LP_W4 ? k.w4 : type == LP_W4C ? k.w4c : k.w8;
 }
 
-static igemm_fn pick_kernel(int int_level, uint32_t type, int group, int64_t nb) {
+static igemm_fn pick_kernel(const lp_kernels *k, uint32_t type, int group, int64_t nb) {
     static const kernel_set ref = {lp_w4_gemm_ref, lp_w8_gemm_ref, lp_w4c_gemm_ref};
-    switch (int_level) {
+    switch (k->int_level) {
 #if defined(__x86_64__)
-    case LP_INT_AMX: {
-        static const kernel_set amx = {lp_w4_gemm_amx, lp_w8_gemm_amx, lp_w4c_gemm_amx};
+    case LP_INT_AMX:
+        if (nb >= LP_AMX_MIN_BATCH || (group == 32 && nb >= LP_AMX_STREAM_MIN)) {
+            static const kernel_set amx = {lp_w4_gemm_amx, lp_w8_gemm_amx, lp_w4c_gemm_amx};
+            return by_type(amx, type);
+        }
+        /* smaller batches take the VNNI kernels */
+        /* fall through */
+    case LP_INT_AVX512VNNI: {
         static const kernel_set vnni = {lp_w4_gemm_vnni, lp_w8_gemm_vnni, lp_w4c_gemm_vnni};
-        if (nb >= LP_AMX_MIN_BATCH || (group == 32 && nb >= LP_AMX_STREAM_MIN)) return by_type(amx, type);
-        return by_type(vnni, type);
+        static const kernel_set vbmi = {lp_w4_gemm_vnni, lp_w8_gemm_vnni, lp_w4c_gemm_vnni_vbmi};
+        return by_type(k->vbmi ? vbmi : vnni, type);
     }
     case LP_INT_AVX2: {
         static const kernel_set avx2 = {lp_w4_gemm_avx2, lp_w8_gemm_avx2, lp_w4c_gemm_avx2};
         return by_type(avx2, type);
-    }
-    case LP_INT_AVX512VNNI: {
-        static const kernel_set vnni = {lp_w4_gemm_vnni, lp_w8_gemm_vnni, lp_w4c_gemm_vnni};
-        return by_type(vnni, type);
     }
 #endif
 #if defined(LP_HAVE_NEON_DOT)
@@ -301,7 +303,7 @@ static void gemm_worker(void *ctx, int ti, int nt) {
     (void)ti;
     (void)nt;
     int_job *job = ctx;
-    igemm_fn kernel = pick_kernel(job->k->int_level, job->W[0]->type, job->geom[0].group, job->nb);
+    igemm_fn kernel = pick_kernel(job->k, job->W[0]->type, job->geom[0].group, job->nb);
     int64_t p0, p1;
     while (claim_panels(job, &p0, &p1)) {
         int64_t base = 0;
@@ -497,7 +499,7 @@ static void tasks_gemm_worker(void *ctx, int ti, int nt) {
         if (p0 >= p1) continue;
         lp_igemm g = {t->W->data, job->geom[i], t->W->rows, p0, p1, &job->a[job->quantized_by[i]], t->n_batch, t->Y,
                       t->y_stride};
-        pick_kernel(job->k->int_level, t->W->type, job->geom[i].group, t->n_batch)(&g);
+        pick_kernel(job->k, t->W->type, job->geom[i].group, t->n_batch)(&g);
     }
 }
 

@@ -31,9 +31,10 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#define LP_PACKED_VBMI 1 /* every CPU with AMX has it; lp_kernels_init checks */
 #include "packed_avx512.h"
 
-#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
+#define AMX __attribute__((target("amx-tile,amx-int8,avx512f,avx512bw,avx512vl,avx512vbmi,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
 /* W4 columns unpacked per step: 1024 columns = 256 tile rows = 16 KiB. */

@@ -41,21 +41,16 @@ AVX2 INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m256 lo, 
     for (int64_t i = 0; i < left; i++) y[i] = tmp[i];
 }
 
-/* The 8 row scales of half h of group gi of a panel: f16, or W4C's log
- * scales by lp_w4c_scale's two multiplies. */
+/* The 8 row scales of half h of group gi of a panel: f16, or W4C's 8-bit
+ * scales added to the row bases as lp_w4c_scale does. */
 AVX2 INLINE __m256 scales8(uint32_t type, const lp_packed_geom *ge, const uint8_t *panel, int64_t gi, int h) {
     const uint8_t *s = panel + ge->scales_offset + (size_t)gi * ge->scale_bytes;
     if (type != LP_W4C) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
     __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * h)));
-    /* frac[k & 15]: two 8-entry permutes (low 3 bits), picked by bit 3 */
-    __m256 f_lo = _mm256_permutevar8x32_ps(_mm256_loadu_ps(lp_w4c_frac), k);
-    __m256 f_hi = _mm256_permutevar8x32_ps(_mm256_loadu_ps(lp_w4c_frac + 8), k);
-    __m256 f = _mm256_blendv_ps(f_lo, f_hi, _mm256_castsi256_ps(_mm256_slli_epi32(k, 28)));
-    __m256 m = _mm256_mul_ps(_mm256_loadu_ps((const float *)panel + 8 * h), f);
-    __m256i e = _mm256_and_si256(_mm256_srli_epi32(k, 4), _mm256_set1_epi32(7));
-    m = _mm256_mul_ps(m, _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_sub_epi32(_mm256_set1_epi32(127), e), 23)));
+    __m256i bits = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(panel + 32 * h)),
+                                    _mm256_slli_epi32(_mm256_and_si256(k, _mm256_set1_epi32(0x7f)), 19));
     __m256i sign = _mm256_slli_epi32(_mm256_and_si256(k, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_castsi256_ps(_mm256_xor_si256(_mm256_castps_si256(m), sign));
+    return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
 }
 
 /* acc += signed bytes w times x (4 bytes broadcast), by the sign trick. */

@@ -3,7 +3,8 @@
  * One 64-byte code chunk is one zmm: 16 dword lanes = the panel's 16 rows,
  * 4 bytes per lane = 4 consecutive inputs. vpdpbusd multiplies those
  * unsigned (biased) weight bytes by 4 int8 activations broadcast to every
- * lane (W4C nibbles become their levels + 128 through one vpshufb), so each instruction does 16 rows x 4 inputs and nothing needs a
+ * lane (W4C nibbles become their levels + 128 through one vpshufb, or
+ * vpermb in the copy of this file built with AVX512-VBMI), so each instruction does 16 rows x 4 inputs and nothing needs a
  * horizontal sum. Each group's int32 sum starts at the activation-side
  * correction (-bias * sum(x)), which removes the weight bias exactly; then
  * acc = fma(float(isum), dw * dx, acc) per lane, as in the reference.
@@ -24,7 +25,11 @@
 
 #include "packed_avx512.h"
 
+#if defined(LP_PACKED_VBMI)
+#define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx512vbmi,avx2,fma,f16c")))
+#else
 #define VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")))
+#endif
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_B 8
 #define PREFETCH_BYTES 1024
@@ -245,6 +250,9 @@ VNNI INLINE void gemm(const lp_igemm *g, uint32_t type) {
     }
 }
 
+#if defined(LP_PACKED_VBMI)
+VNNI void lp_w4c_gemm_vnni_vbmi(const lp_igemm *g) { gemm(g, LP_W4C); }
+#else
 /* The activation quantizer of intmatmul.c (lp_quantize_act_ref), 16 lanes at
  * a time with the very same arithmetic: amax by max (NaN ignored, as
  * fmaxf), id = 127 / amax, codes by the 1.5 * 2^23 rounding trick and the
@@ -278,6 +286,7 @@ VNNI void lp_quantize_act_avx512(const float *x, int64_t cols, int group, int of
 VNNI void lp_w4_gemm_vnni(const lp_igemm *g) { gemm(g, LP_W4); }
 VNNI void lp_w8_gemm_vnni(const lp_igemm *g) { gemm(g, LP_W8); }
 VNNI void lp_w4c_gemm_vnni(const lp_igemm *g) { gemm(g, LP_W4C); }
+#endif
 
 #else
 typedef int lp_no_vnni_on_this_target; /* keep the translation unit non-empty */

@@ -50,11 +50,6 @@ static inline int clamp_round(float v, int lo, int hi) {
 }
 
 const int8_t lp_w4c_levels[16] = {-127, -100, -78, -60, -45, -32, -20, -10, 0, 10, 20, 32, 45, 60, 78, 100};
-const float lp_w4c_frac[16] = {
-    0x1.000000p+0f, 0x1.ea4afap-1f, 0x1.d5818ep-1f, 0x1.c199bep-1f, 0x1.ae89fap-1f, 0x1.9c4918p-1f,
-    0x1.8ace54p-1f, 0x1.7a1148p-1f, 0x1.6a09e6p-1f, 0x1.5ab07ep-1f, 0x1.4bfdaep-1f, 0x1.3dea64p-1f,
-    0x1.306fe0p-1f, 0x1.2387a6p-1f, 0x1.172b84p-1f, 0x1.0b5586p-1f,
-};
 
 bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp_packed_geom *g) {
     if (group == 0) group = 32;
@@ -379,47 +374,53 @@ static void w4c_codes(const w4c_grid *t, const float *x, int n, float d, int8_t 
     }
 }
 
-/* The largest |weight| of a row / 64: the scale grid of a row spans r
- * down to r / 256, so the +100 level of the row's largest group still has
- * room above it (a grid topped at max / 128 measurably cut those off). */
-static float w4c_row_range(const float *x, int64_t n) {
+/* The base of a row's scale grid: the power of two b that puts the grid's
+ * top (b x 2^7 x 31/16) between 1 and 2 times the row's largest |weight| /
+ * 50, the largest scale the group search asks for, so the grid spans
+ * from there down about 8 octaves. 0 for a row of zeros (or without a
+ * finite maximum); b stays a normal float, so the scale bytes add to its
+ * exponent without overflowing it. */
+static float w4c_row_base(const float *x, int64_t n) {
     float amax = 0;
     for (int64_t i = 0; i < n; i++)
         if (fabsf(x[i]) > amax) amax = fabsf(x[i]); /* NaN never compares greater */
-    return amax > 0 && isfinite(amax) ? amax / 64.0f : 0.0f;
+    if (!(amax > 0) || !isfinite(amax)) return 0.0f;
+    int e = (int)ceilf(log2f(amax / (50.0f * 248.0f)));
+    e = e < -126 ? -126 : e > 118 ? 118 : e;
+    return ldexpf(1.0f, e);
 }
 
 /* One W4C group: every grid scale (both signs) that puts the group's
  * largest |weight| between levels 50 and 160 is tried, and the one with
  * the least squared error after rounding to the levels wins. Returns the
  * scale byte; nib gets the codes. */
-static uint8_t quantize_w4c_group(const w4c_grid *t, const float *x_in, int n, float r, int8_t *nib) {
+static uint8_t quantize_w4c_group(const w4c_grid *t, const float *x_in, int n, float base, int8_t *nib) {
     float x[128], amax = 0;
     for (int i = 0; i < n; i++) {
         x[i] = isnan(x_in[i]) ? 0.0f : x_in[i]; /* NaN weights quantize as 0 */
         amax = fmaxf(amax, fabsf(x[i]));
     }
-    if (!(amax > 0) || !isfinite(amax) || !(r > 0)) {
+    if (!(amax > 0) || !isfinite(amax) || !(base > 0)) {
         memset(nib, 8, (size_t)n); /* level 0 */
         return 0;
     }
-    /* |scale| = r 2^(-k/16) in [amax / 160, amax / 50] */
-    int k_lo = (int)floorf(-16.0f * log2f(amax / 50.0f / r));
-    int k_hi = (int)ceilf(-16.0f * log2f(amax / 160.0f / r));
-    k_lo = k_lo < 0 ? 0 : k_lo > 127 ? 127 : k_lo;
-    k_hi = k_hi < k_lo ? k_lo : k_hi > 127 ? 127 : k_hi;
+    /* the grid rises with k: the candidates are a run of k, or (for a
+     * group below the grid) its smallest scale */
+    int k_lo = 0, k_hi = 127;
+    while (k_lo < 127 && lp_w4c_scale(base, (uint8_t)k_lo) < amax / 160.0f) k_lo++;
+    while (k_hi > k_lo && lp_w4c_scale(base, (uint8_t)k_hi) > amax / 50.0f) k_hi--;
     uint8_t best = 0;
     float best_err = INFINITY;
     for (int sign = 0; sign <= 0x80; sign += 0x80)
         for (int k = k_lo; k <= k_hi; k++) {
             uint8_t byte = (uint8_t)(k | sign);
-            float err = w4c_error(t, x, n, lp_w4c_scale(r, byte));
+            float err = w4c_error(t, x, n, lp_w4c_scale(base, byte));
             if (err < best_err) {
                 best_err = err;
                 best = byte;
             }
         }
-    w4c_codes(t, x, n, lp_w4c_scale(r, best), nib);
+    w4c_codes(t, x, n, lp_w4c_scale(base, best), nib);
     return best;
 }
 
@@ -430,10 +431,10 @@ static void pack_w4c(const lp_packed_geom *g, const float *src, int64_t rows, in
         uint8_t *panel = out + (size_t)(row / LP_PANEL) * g->panel_bytes;
         int lane = (int)(row % LP_PANEL);
         const float *x = src + row * cols;
-        float r = w4c_row_range(x, cols);
-        memcpy(panel + 4 * lane, &r, sizeof r);
+        float base = w4c_row_base(x, cols);
+        memcpy(panel + 4 * lane, &base, sizeof base);
         for (int64_t grp = 0; grp < g->groups; grp++) {
-            uint8_t k = quantize_w4c_group(&t, x + grp * g->group, g->group, r, nib);
+            uint8_t k = quantize_w4c_group(&t, x + grp * g->group, g->group, base, nib);
             panel[g->scales_offset + (size_t)grp * g->scale_bytes + (size_t)lane] = k;
             for (int i = 0; i < g->group; i++) put_code(LP_W4C, g, panel, grp, lane, i, nib[i] - 8);
         }

@@ -98,7 +98,9 @@ typedef struct lp_kernels {
     void (*round_f16)(float *x, int64_t n);
     /* more fast paths are private to kernels/ */
     int level;     /* float paths: 0 = reference, 1 = avx2, 2 = avx512 */
-    int int_level; /* LP_W4/LP_W8 integer paths: LP_INT_* */
+    int int_level; /* packed integer paths: LP_INT_* */
+    /* LP_INT_AVX512VNNI / LP_INT_AMX: W4C decode kernels use AVX512-VBMI */
+    bool vbmi;
     /* LP_W4/LP_W8: quantize activations to int8 per group and run integer
      * dot products (default). false: W4A16/W8A16 (dequantize + float). */
     bool int8_activations;

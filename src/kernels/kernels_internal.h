@@ -36,7 +36,7 @@ void lp_dequantize_row_fast(int level, uint32_t type, const void *src, float *ds
 
 /* Geometry of a packed matrix. A panel is [header][scales][codes]: W4/W8
  * have no header and 32 bytes of f16 scales per group; W4C a 64-byte
- * header (16 f32 row ranges) and 16 bytes of log scales per group. */
+ * header (16 f32 row bases) and 16 bytes of 8-bit scales per group. */
 typedef struct lp_packed_geom {
     int64_t panels, groups;  /* ceil(rows / 16), cols / group */
     int group;               /* elements per scale */
@@ -56,22 +56,19 @@ bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp
  * group's scale: denser near zero, where most weights are, and reaching
  * -127 on one side only (the scale's sign picks the side). */
 extern const int8_t lp_w4c_levels[16];
-/* 2^(-j/16) rounded to float, j = 0..15. */
-extern const float lp_w4c_frac[16];
 
-/* The scale a W4C log-scale byte k stands for in a row of range r:
- * sign(bit 7) x (r x 2^(-(k & 15)/16)) x 2^-((k >> 4) & 7). The power of two
- * is exact, so every kernel level computes the same bits with the same two
- * multiplies. */
-static inline float lp_w4c_scale(float r, uint8_t k) {
-    float m = r * lp_w4c_frac[k & 15], p2;
-    uint32_t bits = (uint32_t)(127 - ((k >> 4) & 7)) << 23;
-    memcpy(&p2, &bits, sizeof p2);
-    m = m * p2;
-    memcpy(&bits, &m, sizeof bits);
-    bits ^= (uint32_t)(k & 0x80) << 24;
-    memcpy(&m, &bits, sizeof m);
-    return m;
+/* The scale a W4C scale byte k stands for in a row whose base is b (a
+ * power of two, or 0): a small float, sign in bit 7, then 3 bits of
+ * exponent and 4 of mantissa, b x 2^(k>>4 & 7) x (1 + (k & 15)/16), made by
+ * adding the bits of b and k rather than by multiplying, so every kernel
+ * level gets the same bits from three integer operations. 16 steps per
+ * octave over 8 octaves. */
+static inline float lp_w4c_scale(float b, uint8_t k) {
+    uint32_t bits;
+    memcpy(&bits, &b, sizeof bits);
+    bits = (bits + ((uint32_t)(k & 0x7f) << 19)) | ((uint32_t)(k & 0x80) << 24);
+    memcpy(&b, &bits, sizeof b);
+    return b;
 }
 
 /* The scale of group gi of row `lane` of a panel, any packed type. */
@@ -79,9 +76,9 @@ static inline float lp_packed_scale(uint32_t type, const lp_packed_geom *g, cons
                                     int lane) {
     const uint8_t *s = panel + g->scales_offset + (size_t)gi * g->scale_bytes;
     if (type == LP_W4C) {
-        float r;
-        memcpy(&r, panel + 4 * lane, sizeof r);
-        return lp_w4c_scale(r, s[lane]);
+        float b;
+        memcpy(&b, panel + 4 * lane, sizeof b);
+        return lp_w4c_scale(b, s[lane]);
     }
     return lp_f16_to_f32((uint16_t)(s[2 * lane] | (s[2 * lane + 1] << 8)));
 }
@@ -135,6 +132,7 @@ void lp_w4c_gemm_avx2(const lp_igemm *g);
 void lp_w4_gemm_vnni(const lp_igemm *g);
 void lp_w8_gemm_vnni(const lp_igemm *g);
 void lp_w4c_gemm_vnni(const lp_igemm *g);
+void lp_w4c_gemm_vnni_vbmi(const lp_igemm *g); /* needs AVX512-VBMI too */
 void lp_w4_gemm_amx(const lp_igemm *g);
 void lp_w8_gemm_amx(const lp_igemm *g);
 void lp_w4c_gemm_amx(const lp_igemm *g);

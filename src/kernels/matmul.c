@@ -49,8 +49,11 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->attn_scores = lp_attn_scores_avx2;
     }
     if (avx2) k->round_f16 = lp_round_f16_avx2;
-    if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni)
-        k->int_level = lp_amx_available() ? LP_INT_AMX : LP_INT_AVX512VNNI;
+    if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni) {
+        k->vbmi = cpu->avx512vbmi;
+        /* the AMX kernels are built with VBMI (every AMX CPU has it) */
+        k->int_level = k->vbmi && lp_amx_available() ? LP_INT_AMX : LP_INT_AVX512VNNI;
+    }
     else if (avx2)
         k->int_level = LP_INT_AVX2;
 #elif defined(LP_HAVE_NEON_DOT)
