@@ -45,6 +45,19 @@ else bad "eval merged: rc=$rc kl='$kl' $out $(cat "$work/err")"; fi
 out=$("$bin" eval -m "$m" -f "$text" -c 32 2>/dev/null)
 printf '%s\n' "$out" | grep -q "PPL(model)" && ok || bad "eval ppl: $out"
 
+# compile: the default is q4c (the codebook format), and the file runs
+out=$("$bin" compile "$m" -o "$work/s-default.lpx" --quiet 2>"$work/err"); rc=$?
+if [ $rc -eq 0 ] && printf '%s' "$out" | grep -q "weights q4c group 32"; then ok
+else bad "compile default: rc=$rc $out $(cat "$work/err")"; fi
+out=$("$bin" eval -m "$work/s-default.lpx" --ref "$m" -f "$text" -c 32 --json 2>"$work/err"); rc=$?
+kl=$(printf '%s' "$out" | sed -n 's/.*"kl_mean":\([0-9.e+-]*\),.*/\1/p')
+if [ $rc -eq 0 ] && [ -n "$kl" ] && awk "BEGIN{exit !($kl > 0 && $kl < 0.5)}"; then ok
+else bad "eval q4c: rc=$rc kl='$kl' $out $(cat "$work/err")"; fi
+out=$("$bin" compile "$m" -o "$work/s-q4.lpx" --weights q4 --quiet 2>"$work/err"); rc=$?
+[ $rc -eq 0 ] && printf '%s' "$out" | grep -q "weights q4 group 32" && ok || bad "compile q4: rc=$rc $out"
+"$bin" compile "$m" -o "$work/bad.lpx" --weights q5 >/dev/null 2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "q4c" "$work/err" && ok || bad "compile --weights q5: rc=$rc $(cat "$work/err")"
+
 # streams: one line per N, concurrent and sequential timings, a chart
 out=$("$bin" bench -m "$m" --streams 1,2 -p 8 -n 4 -r 1 --json --svg "$work/ctg.svg" 2>"$work/err"); rc=$?
 if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c '"concurrent_ms":[0-9]')" = 2 ] &&

@@ -22,16 +22,16 @@ static void compile_usage(FILE *out) {
             "  --weights T     q4: int4 group-wise (W4), q4c: int4 codebook with 8-bit log\n"
             "                  scales (W4C: 4.25 bits per weight, lower KL than q4),\n"
             "                  q8: int8 group-wise (W8), f16, f32\n"
-            "                  (default q4)\n"
-            "  --group N       elements per scale: q4 32|64|128, q8 a multiple of 32 (default 32)\n"
+            "                  (default q4c; q4 is the format GGUF Q4_0 files repack into)\n"
+            "  --group N       elements per scale: q4/q4c 32|64|128, q8 a multiple of 32 (default 32)\n"
             "  --acts A        q8: int8 activations on integer kernels (W4A8, default),\n"
             "                  f32: float activations (W4A16, for accuracy comparison)\n"
             "  --no-search     q4: plain absmax scales (faster, less accurate)\n"
-            "  --q4-output     q4: pack the classifier (output / tied embedding) in 4 bits\n"
+            "  --q4-output     q4/q4c: pack the classifier (output / tied embedding) in 4 bits\n"
             "                  too; by default it stays 8-bit, as small models need it\n"
             "  --no-fuse       keep q/k/v and gate/up as separate matrices\n"
             "  --no-fold       keep RMSNorm gains separate from the next projections\n"
-            "  --fold          q4: fold them anyway (default for q4: not folded, it costs\n"
+            "  --fold          q4/q4c: fold them anyway (default for 4 bits: not folded, it costs\n"
             "                  accuracy; q8/f16/f32 fold by default)\n"
             "  --threads N     quantization threads (default: all cores)\n"
             "  --tokenizer P   llama2.c input: tokenizer .bin file\n"
@@ -99,7 +99,7 @@ static double file_mb(const char *path) {
 
 int cli_compile(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *tokenizer = NULL;
-    lp_compile_params p = {.weight_type = LP_W4};
+    lp_compile_params p = {.weight_type = LP_W4C};
     progress_state ps = {.tty = isatty(2) != 0, .last_decile = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
