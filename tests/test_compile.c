@@ -323,6 +323,17 @@ static void test_gguf_q4_0(void) {
         CHECK(m && m->int8_activations);
         lp_model_free(m);
     }
+    /* the default q4c keeps Q4_0 layers as their bit-exact W4 repack
+     * rather than rounding them twice */
+    CHECK(compile_to(orig, tmp("q40c.lpx"), LP_W4C, 32, false, false, true) == 0);
+    m = lp_model_load(tmp("q40c.lpx"), NULL, &err);
+    CHECK_MSG(m != NULL, "%s", m ? "" : err.message);
+    if (m) {
+        CHECK(m->layers[0].wqkv.type == LP_W4 && m->layers[0].w_down.type == LP_W4);
+        CHECK(run_logits(m, t, 6, 0, NULL, 0, c));
+        CHECK_MSG(max_diff(b, c, V) < 1e-5f, "compiled q4c from Q4_0 vs repacked: %g", max_diff(b, c, V));
+        lp_model_free(m);
+    }
     free(a);
     free(b);
     free(c);

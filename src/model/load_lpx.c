@@ -368,16 +368,18 @@ static void choose_type(const compiler *c, const char *name, const lp_weight *sr
     }
     if (lp_pack_bytes(want, 16, cols, g)) {
         *group = (uint32_t)g;
-        return;
-    }
-    if (g != 32 && lp_pack_bytes(want, 16, cols, 32)) {
+    } else if (g != 32 && lp_pack_bytes(want, 16, cols, 32)) {
         if (name[0]) note(c, "%s: %lld columns are not a multiple of group %d: using group 32", name,
              (long long)cols, g);
         *group = 32;
+    } else {
+        if (name[0]) note(c, "%s: %lld columns are not a multiple of 32: kept as F16", name, (long long)cols);
+        *type = LP_F16;
         return;
     }
-    if (name[0]) note(c, "%s: %lld columns are not a multiple of 32: kept as F16", name, (long long)cols);
-    *type = LP_F16;
+    /* A GGUF Q4_0 source repacks into W4 bit for bit (lossless_ok); W4C
+     * would round its already rounded weights a second time. */
+    if (want == LP_W4C && src->type == LP_Q4_0 && *group == 32) *type = LP_W4;
 }
 
 /* A GGUF Q4_0 / Q8_0 source that can be repacked bit for bit into the target. */
