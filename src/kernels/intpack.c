@@ -33,10 +33,6 @@
 #include <math.h>
 #include <string.h>
 
-static inline float read_f16(const uint8_t *p) {
-    return lp_f16_to_f32((uint16_t)(p[0] | (p[1] << 8)));
-}
-
 static inline void write_f16(uint8_t *p, uint16_t h) {
     p[0] = (uint8_t)(h & 0xff);
     p[1] = (uint8_t)(h >> 8);
