@@ -344,16 +344,26 @@ static w4c_grid w4c_make_grid(void) {
     return t;
 }
 
-/* Squared error of x against its nearest levels times d (d != 0), with
- * 8 partial sums so the compiler vectorizes it (n a multiple of 8). */
+/* Squared error of x against its nearest levels times d (d != 0). Level
+ * by level over the whole group, then 8 partial sums, so that the compiler
+ * vectorizes both loops (n a multiple of 8, at most 128): the search calls
+ * this ~54 times per group, and as one loop per weight it stayed scalar
+ * (TinyLlama compiled in 209 s). */
 static float w4c_error(const w4c_grid *t, const float *x, int n, float d) {
     const float id2 = 2.0f / d;
+    float v2[128], q[128];
+    for (int i = 0; i < n; i++) {
+        v2[i] = x[i] * id2;
+        q[i] = (float)lp_w4c_levels[0];
+    }
+    for (int m = 0; m < 15; m++) {
+        const float mid = t->mid2[m], gap = t->gap[m];
+        for (int i = 0; i < n; i++) q[i] += v2[i] > mid ? gap : 0.0f;
+    }
     float acc[8] = {0};
     for (int i = 0; i < n; i += 8)
         for (int j = 0; j < 8; j++) {
-            float v2 = x[i + j] * id2, q = (float)lp_w4c_levels[0];
-            for (int m = 0; m < 15; m++) q += v2 > t->mid2[m] ? t->gap[m] : 0.0f;
-            float e = x[i + j] - d * q;
+            float e = x[i + j] - d * q[i + j];
             acc[j] += e * e;
         }
     return ((acc[0] + acc[1]) + (acc[2] + acc[3])) + ((acc[4] + acc[5]) + (acc[6] + acc[7]));
