@@ -19,34 +19,30 @@
  * W4C levels + 128 (unsigned, for vpdpbusd), or the levels themselves. */
 LP_AVX512_INLINE void lp_unpack_nibbles512(uint32_t type, bool signed_codes, __m512i raw, __m512i *lo,
                                           __m512i *hi) {
-#if defined(LP_PACKED_VBMI)
     if (type == LP_W4C) {
+        /* the 16 levels in every 16-byte lane, + 128 for vpdpbusd */
+        __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lp_w4c_levels));
+        if (!signed_codes) table = _mm512_xor_si512(table, _mm512_set1_epi8((char)0x80));
+#if defined(LP_PACKED_VBMI)
         /* vpermb reads 6 bits of each index byte: against the 16 levels 4
          * times over, a nibble with anything in the 2 bits above it still
          * finds its level, so no mask: 3 operations per chunk instead of 5
          * (1-row W4C matmuls from DRAM, 2 threads: as many GB/s as W4
          * instead of 5-9 % fewer) */
-        __m512i table = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lp_w4c_levels));
-        if (!signed_codes) table = _mm512_xor_si512(table, _mm512_set1_epi8((char)0x80)); /* level + 128 */
         *lo = _mm512_permutexvar_epi8(raw, table);
         *hi = _mm512_permutexvar_epi8(_mm512_srli_epi16(raw, 4), table);
+#else
+        /* vpshufb reads 4 bits (and zeroes on bit 7): mask first */
+        const __m512i m4 = _mm512_set1_epi8(0x0f);
+        *lo = _mm512_shuffle_epi8(table, _mm512_and_si512(raw, m4));
+        *hi = _mm512_shuffle_epi8(table, _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4));
+#endif
         return;
     }
-#endif
     const __m512i m4 = _mm512_set1_epi8(0x0f);
     *lo = _mm512_and_si512(raw, m4);
     *hi = _mm512_and_si512(_mm512_srli_epi16(raw, 4), m4);
-    if (type == LP_W4C) {
-        /* one vpshufb per half: nibble -> level (a 16-byte table in every lane) */
-        const __m512i lut = _mm512_broadcast_i32x4(_mm_loadu_si128((const __m128i *)lp_w4c_levels));
-        *lo = _mm512_shuffle_epi8(lut, *lo);
-        *hi = _mm512_shuffle_epi8(lut, *hi);
-        if (!signed_codes) {
-            const __m512i bias = _mm512_set1_epi8((char)0x80);
-            *lo = _mm512_xor_si512(*lo, bias); /* level + 128 */
-            *hi = _mm512_xor_si512(*hi, bias);
-        }
-    } else if (signed_codes) {
+    if (signed_codes) {
         const __m512i eight = _mm512_set1_epi8(8);
         *lo = _mm512_sub_epi8(*lo, eight);
         *hi = _mm512_sub_epi8(*hi, eight);
