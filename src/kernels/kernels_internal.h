@@ -61,7 +61,7 @@ extern const int8_t lp_w4c_levels[16];
  * power of two, or 0): a small float, sign in bit 7, then 3 bits of
  * exponent and 4 of mantissa, b x 2^(k>>4 & 7) x (1 + (k & 15)/16), made by
  * adding the bits of b and k rather than by multiplying, so every kernel
- * level gets the same bits from three integer operations. 16 steps per
+ * level gets the same bits from a few integer operations. 16 steps per
  * octave over 8 octaves. */
 static inline float lp_w4c_scale(float b, uint8_t k) {
     uint32_t bits;
