@@ -524,6 +524,12 @@ static void test_malformed(void) {
     expect_reject(b.p, b.len, "unknown tensor type 99", "wrong type id");
     one_tensor(&b, 1, (const uint64_t[]){4}, 4, 0); /* a removed GGML type id */
     expect_reject(b.p, b.len, "unknown tensor type 4", "removed type id");
+    /* our packed ids are laid out in panels, never GGUF rows */
+    static const uint32_t own[3] = {LP_W4, LP_W8, LP_W4C};
+    for (int i = 0; i < 3; i++) {
+        one_tensor(&b, 2, (const uint64_t[]){32, 17}, own[i], 0);
+        expect_reject(b.p, b.len, "unknown tensor type", lp_dtype_name(own[i]));
+    }
     one_tensor(&b, 1, (const uint64_t[]){30}, LP_Q8_0, 0);
     expect_reject(b.p, b.len, "block size", "block size");
     one_tensor(&b, 1, (const uint64_t[]){4}, LP_F32, 4);

@@ -217,7 +217,7 @@ static void dequantize_row_level(int level, uint32_t type, const void *src, floa
     const lp_dtype_info *info = lp_dtype_get(type);
     /* callers check lp_dtype_info.supported first; packed types need the
      * whole matrix (lp_weight_dequantize_row) */
-    if (!info || !info->supported || type == LP_W4 || type == LP_W8) {
+    if (!info || !info->supported || lp_dtype_is_packed(type)) {
         memset(dst, 0, (size_t)n * sizeof(float));
         return;
     }
