@@ -629,7 +629,54 @@ static void test_matmul_tasks(void) {
     lp_threadpool_destroy(pool2);
 }
 
+/* The panel claims behind every threaded pass: each panel exactly once,
+ * owners front to back in whole 4-panel tiles, and a thread whose share
+ * is done takes the back half of another's (here thread 0 drains its own
+ * share, then everyone else's, as if the others were descheduled). */
+static void test_panel_claims(void) {
+    static lp_panel_claims c;
+    const int64_t total = 103;
+    int seen[103];
+    for (int scenario = 0; scenario < 2; scenario++) {
+        memset(seen, 0, sizeof seen);
+        lp_claims_init(&c, total, 3);
+        int64_t p0, p1, own_end, last_own[3] = {-1, -1, -1};
+        int claims = 0, stolen = 0;
+        bool any = true;
+        while (any) {
+            any = false;
+            for (int t = 0; t < 3; t++) {
+                if (scenario == 0 && t > 0) break; /* only thread 0 runs */
+                if (!lp_claims_next(&c, t, &p0, &p1, &own_end)) continue;
+                any = true;
+                claims++;
+                CHECK(p0 >= 0 && p0 < p1 && p1 <= own_end && own_end <= total);
+                CHECK_MSG(p0 % 4 == 0, "claim [%lld, %lld) does not start on a 4-panel tile", (long long)p0,
+                          (long long)p1);
+                int64_t share_b, share_e;
+                lp_split_range(total, t, 3, 4, &share_b, &share_e);
+                if (p0 >= share_b && p1 <= share_e) {
+                    CHECK_MSG(p0 > last_own[t], "thread %d's own claims go backwards", t);
+                    last_own[t] = p0;
+                } else {
+                    stolen++;
+                    CHECK(p1 == own_end); /* a theft takes the back of a share */
+                }
+                for (int64_t p = p0; p < p1; p++) seen[p]++;
+            }
+        }
+        int once = 0;
+        for (int64_t p = 0; p < total; p++) once += seen[p] == 1;
+        CHECK_MSG(once == total, "scenario %d: %d of %lld panels claimed exactly once", scenario, once,
+                  (long long)total);
+        if (scenario == 0) CHECK_MSG(stolen >= 2, "thread 0 alone stole %d times", stolen);
+        else CHECK(stolen == 0); /* even threads finish their own shares */
+        CHECK(claims > 3);
+    }
+}
+
 int main(void) {
+    test_panel_claims();
     test_geometry();
     test_exact_roundtrip();
     test_gguf_repack();

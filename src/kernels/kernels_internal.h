@@ -4,6 +4,7 @@
 
 #include "kernels.h"
 
+#include <stdatomic.h>
 #include <string.h>
 
 /* lp_matmul works on tiles of LP_TILE_ROWS weight rows x LP_CHUNK columns,
@@ -112,6 +113,7 @@ typedef struct lp_igemm {
     lp_packed_geom geom;
     int64_t rows;
     int64_t p0, p1;
+    int64_t prefetch_p1; /* >= p1: the thread's next panels end here (prefetching kernels may read ahead) */
     const lp_qact *a;
     int64_t nb;
     float *y;
@@ -158,6 +160,28 @@ bool lp_amx_available(void);
 /* Up to this many rows (2 rows per batch row fill a 16-row tile), the
  * stream multiplies two groups per tile operation (lp_qact.pairs). */
 #define LP_AMX_PAIR_MAX 8
+
+/* The panels of one matmul pass, shared out between threads
+ * (intmatmul.c). Each thread owns a contiguous share, [begin, end) packed
+ * as begin | end << 32, and takes it front to back in chunks that shrink
+ * as it drains (half of what is left, at most `chunk`, whole 4-panel
+ * decode tiles). A thread done with its share takes the back half of
+ * what another has left, so a thread slowed by the OS or its memory
+ * channel does not hold the others. Contiguous shares keep each thread's
+ * reads one stream that its prefetches can run ahead in. */
+#define LP_CLAIM_THREADS_MAX 256 /* lp_threadpool_create's limit */
+typedef struct lp_panel_claims {
+    atomic_ullong share[LP_CLAIM_THREADS_MAX];
+    int64_t chunk;
+    int threads;
+} lp_panel_claims;
+
+/* total_panels < 2^32, 1 <= threads <= LP_CLAIM_THREADS_MAX. */
+void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads);
+/* The next panels [p0, p1) for thread ti, false when none are left
+ * anywhere; *own_end: where the share the panels came from ends (the
+ * thread may prefetch up to there). */
+bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_t *own_end);
 /* GCC builds the dotprod kernels through a target attribute; clang 14's
  * arm_neon.h only declares the lane forms when the whole file targets
  * dotprod (-march=armv8.2-a+dotprod), so with clang they need that flag. */
