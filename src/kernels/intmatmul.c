@@ -3,8 +3,10 @@
  * Integer path (default): two thread-pool passes over pre-reserved scratch.
  *   1. the rows of X are quantized to int8 per group of the weight's group
  *      size (scale amax/127, round to nearest), threads splitting the rows;
- *   2. the output rows (16-row panels) are split between threads and each
- *      runs the integer GEMM kernel of its level: exact int32 dot products
+ *   2. the output rows (16-row panels) are shared out between threads
+ *      (lp_panel_claims: a contiguous share each, stolen from when a
+ *      thread falls behind) and each runs the integer GEMM kernel of its
+ *      level: exact int32 dot products
  *      per group, scaled in float (see lp_igemm in kernels_internal.h).
  *      At LP_INT_AMX, batches of LP_AMX_MIN_BATCH rows or more take the AMX
  *      tile kernel, and at group 32 so do decode batches from
@@ -291,7 +293,7 @@ void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads) {
 
 /* With every thread taking the next chunk of one shared counter instead,
  * 8 decode streams over a 2048 x 5632 W4 matrix (AMX, 2 threads, from
- * DRAM) ran at 19-20 GB/s against 21-23. */
+ * DRAM) ran at 18.6-19.3 GB/s against 22.2-22.7 (docs/benchmarks.md §4). */
 bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_t *own_end) {
     atomic_ullong *own = &c->share[ti];
     unsigned long long v = atomic_load_explicit(own, memory_order_relaxed);
