@@ -88,6 +88,8 @@ float lp_rng_normal(lp_rng *rng);  /* N(0, 1) */
 typedef struct lp_threadpool lp_threadpool;
 typedef void (*lp_task_fn)(void *ctx, int thread_index, int n_threads);
 
+/* At most LP_THREADS_MAX threads (per-thread state elsewhere is sized by it). */
+#define LP_THREADS_MAX 256
 lp_threadpool *lp_threadpool_create(int n_threads, lp_error *err);
 void lp_threadpool_destroy(lp_threadpool *pool);
 int lp_threadpool_size(const lp_threadpool *pool);

@@ -68,8 +68,8 @@ static void *worker_main(void *p) {
 
 lp_threadpool *lp_threadpool_create(int n_threads, lp_error *err) {
     if (n_threads < 1) n_threads = 1;
-    if (n_threads > 256) {
-        lp_fail(err, "thread count %d is more than 256", n_threads);
+    if (n_threads > LP_THREADS_MAX) {
+        lp_fail(err, "thread count %d is more than %d", n_threads, LP_THREADS_MAX);
         return NULL;
     }
     lp_threadpool *pool = calloc(1, sizeof *pool);

@@ -408,8 +408,6 @@ static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_
     const lp_kernels *k = job->k;
     /* Small jobs run on the calling thread: waking the pool costs more. */
     lp_threadpool *gemm_pool = job->total_panels <= 1 || work < 65536.0 ? NULL : pool;
-    /* (lp_threadpool_create allows no more; this guards the claims array) */
-    if (lp_threadpool_size(gemm_pool) > LP_CLAIM_THREADS_MAX) gemm_pool = NULL;
     const float *X = job->X;
     float *Y[LP_MATMUL_MULTI_MAX];
     memcpy(Y, job->Y, sizeof Y);

@@ -169,14 +169,13 @@ bool lp_amx_available(void);
  * what another has left, so a thread slowed by the OS or its memory
  * channel does not hold the others. Contiguous shares keep each thread's
  * reads one stream that its prefetches can run ahead in. */
-#define LP_CLAIM_THREADS_MAX 256 /* lp_threadpool_create's limit */
 typedef struct lp_panel_claims {
-    atomic_ullong share[LP_CLAIM_THREADS_MAX];
+    atomic_ullong share[LP_THREADS_MAX];
     int64_t chunk;
     int threads;
 } lp_panel_claims;
 
-/* total_panels < 2^32, 1 <= threads <= LP_CLAIM_THREADS_MAX. */
+/* total_panels < 2^32, 1 <= threads <= LP_THREADS_MAX. */
 void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads);
 /* The next panels [p0, p1) for thread ti, false when none are left
  * anywhere; *own_end: where the share the panels came from ends (the
