@@ -782,6 +782,11 @@ static void test_f16_kv(void) {
         memcpy(got, vals, sizeof got);
         levels[l].k.round_f16(got, NR + 14);
         CHECK_MSG(memcmp(got, want, sizeof got) == 0, "round_f16 %s differs from lp_f32_to_f16", levels[l].name);
+        uint16_t bits[NR + 14];
+        levels[l].k.to_f16(bits, vals, NR + 14);
+        int bad = 0;
+        for (int i = 0; i < NR + 14; i++) bad += bits[i] != lp_f32_to_f16(vals[i]);
+        CHECK_MSG(bad == 0, "to_f16 %s: %d values differ from lp_f32_to_f16", levels[l].name, bad);
     }
     /* an odd-sized head (vector tails) and a wide one */
     static float q[NQ * DMAX], kf[NK * DMAX], vf[NK * DMAX], p[NQ * NK];

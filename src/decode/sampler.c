@@ -100,37 +100,60 @@ static int compare_desc(const void *a, const void *b, void *ctx) {
     return *(const int32_t *)a - *(const int32_t *)b; /* stable by id */
 }
 
-/* Puts the k best ids first in s->order (sorted, ties by id). */
-static int select_top(lp_sampler *s, int k) {
+/* Logits scanned per step of select_top's filter. */
+#define TOP_SCAN 16
+
+/* Puts the k best ids of x first in s->order (sorted, ties by id). */
+static int select_top(lp_sampler *s, const float *x, int k) {
     int n = s->n_vocab;
-    for (int i = 0; i < n; i++) s->order[i] = i;
     if (k <= 0 || k >= n) {
-        qsort_r(s->order, (size_t)n, sizeof(int32_t), compare_desc, s->work);
+        for (int i = 0; i < n; i++) s->order[i] = i;
+        qsort_r(s->order, (size_t)n, sizeof(int32_t), compare_desc, (void *)x);
         return n;
     }
-    /* Keep a sorted list of the k best seen so far: k is small. */
+    /* Keep a sorted list of the k best seen so far: k is small. Once it is
+     * full, most logits are at or below its last, so runs of TOP_SCAN are
+     * first tested against it at once (a loop the compiler vectorizes) and
+     * skipped whole; a run with a candidate goes one by one, as always.
+     * The bar only rises, so a logit the test skips would be skipped. */
     int have = 0;
-    for (int i = 0; i < n; i++) {
-        float v = s->work[i];
-        if (have == k && v <= s->work[s->order[k - 1]]) continue;
-        int pos = have < k ? have++ : k - 1;
-        while (pos > 0 && s->work[s->order[pos - 1]] < v) {
-            s->order[pos] = s->order[pos - 1];
-            pos--;
+    for (int i0 = 0; i0 < n; i0 += TOP_SCAN) {
+        int i1 = n - i0 < TOP_SCAN ? n : i0 + TOP_SCAN;
+        if (have == k && i1 - i0 == TOP_SCAN) {
+            const float bar = x[s->order[k - 1]];
+            int above = 0;
+            for (int i = 0; i < TOP_SCAN; i++) above |= !(x[i0 + i] <= bar); /* NaN counts */
+            if (!above) continue;
         }
-        s->order[pos] = i;
+        for (int i = i0; i < i1; i++) {
+            float v = x[i];
+            if (have == k && v <= x[s->order[k - 1]]) continue;
+            int pos = have < k ? have++ : k - 1;
+            while (pos > 0 && x[s->order[pos - 1]] < v) {
+                s->order[pos] = s->order[pos - 1];
+                pos--;
+            }
+            s->order[pos] = i;
+        }
     }
     return have;
 }
 
 int32_t lp_sampler_sample(lp_sampler *s, const float *logits, const int32_t *history,
                           int n_history) {
-    memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(float));
-    apply_repeat_penalty(s, history, n_history);
     const lp_sampler_params *p = &s->params;
-    if (p->temperature <= 0.0f) return argmax(s->work, s->n_vocab);
+    /* the logits are copied only when a penalty changes them */
+    const float *x = logits;
+    if (p->repeat_penalty != 1.0f && n_history > 0) {
+        memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(float));
+        apply_repeat_penalty(s, history, n_history);
+        x = s->work;
+    }
+    if (p->temperature <= 0.0f) return argmax(x, s->n_vocab);
 
-    int n = select_top(s, p->top_k);
+    int n = select_top(s, x, p->top_k);
+    if (x != s->work)
+        for (int i = 0; i < n; i++) s->work[s->order[i]] = x[s->order[i]];
     /* softmax over the candidates at temperature T */
     float max = s->work[s->order[0]], sum = 0;
     for (int i = 0; i < n; i++) {

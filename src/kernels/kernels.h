@@ -96,6 +96,8 @@ typedef struct lp_kernels {
                      bool v_f16, int64_t v_stride, int nk, int64_t d);
     /* x[i] = the f16 value nearest x[i] (round to nearest even), as f32 */
     void (*round_f16)(float *x, int64_t n);
+    /* dst[i] = lp_f32_to_f16(src[i]) (the KV cache's stores) */
+    void (*to_f16)(uint16_t *dst, const float *src, int64_t n);
     /* more fast paths are private to kernels/ */
     int level;     /* float paths: 0 = reference, 1 = avx2, 2 = avx512 */
     int int_level; /* packed integer paths: LP_INT_* */
@@ -182,6 +184,8 @@ void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t
 void lp_axpy(float *y, float a, const float *x, int64_t n);
 /* x[i] = the f16 value nearest x[i] (round to nearest even), as f32 */
 void lp_round_f16(float *x, int64_t n);
+/* dst[i] = lp_f32_to_f16(src[i]) */
+void lp_to_f16(uint16_t *dst, const float *src, int64_t n);
 /* The widest attention head a model may have (checked at load): the
  * reference attention converts one f16 K/V row of it on the stack. */
 #define LP_HEAD_DIM_MAX 1024

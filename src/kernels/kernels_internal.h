@@ -222,6 +222,7 @@ float lp_dot_f32_avx2(const float *a, const float *b, int64_t n);
 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
                          int64_t d, float scale, float *s, int64_t s_stride);
 void lp_round_f16_avx2(float *x, int64_t n);
+void lp_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);
 void lp_tile_f32_avx2(const lp_tile *t);
 void lp_tile_f16_avx2(const lp_tile *t);
 void lp_f16_to_f32_row_avx2(const uint16_t *src, float *dst, int64_t n);

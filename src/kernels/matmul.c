@@ -25,6 +25,7 @@ void lp_kernels_init_reference(lp_kernels *k) {
     k->attn_scores = lp_attn_scores;
     k->attn_mix = lp_attn_mix;
     k->round_f16 = lp_round_f16;
+    k->to_f16 = lp_to_f16;
     k->level = 0;
     k->int_level = LP_INT_REF;
     k->int8_activations = true;
@@ -48,7 +49,10 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->dot_f32 = lp_dot_f32_avx2;
         k->attn_scores = lp_attn_scores_avx2;
     }
-    if (avx2) k->round_f16 = lp_round_f16_avx2;
+    if (avx2) {
+        k->round_f16 = lp_round_f16_avx2;
+        k->to_f16 = lp_to_f16_avx2;
+    }
     if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni) {
         k->vbmi = cpu->avx512vbmi;
         /* the AMX kernels are built with VBMI (every AMX CPU has it) */

@@ -105,6 +105,13 @@ AVX2 void lp_round_f16_avx2(float *x, int64_t n) {
     for (; i < n; i++) x[i] = lp_f16_to_f32(lp_f32_to_f16(x[i]));
 }
 
+AVX2 void lp_to_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        _mm_storeu_si128((__m128i *)(dst + i), _mm256_cvtps_ph(_mm256_loadu_ps(src + i), _MM_FROUND_TO_NEAREST_INT));
+    for (; i < n; i++) dst[i] = lp_f32_to_f16(src[i]);
+}
+
 AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
                               int nk, int64_t d, float scale, float *s, int64_t s_stride) {
     for (int j = 0; j < nk; j++) {

@@ -17,6 +17,10 @@ void lp_round_f16(float *x, int64_t n) {
     for (int64_t i = 0; i < n; i++) x[i] = lp_f16_to_f32(lp_f32_to_f16(x[i]));
 }
 
+void lp_to_f16(uint16_t *dst, const float *src, int64_t n) {
+    for (int64_t i = 0; i < n; i++) dst[i] = lp_f32_to_f16(src[i]);
+}
+
 /* Row j of a K or V run as floats: f32 rows in place, f16 rows converted
  * (exactly) into buf (d <= LP_HEAD_DIM_MAX), once for all the heads that
  * read it. */

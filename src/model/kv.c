@@ -24,13 +24,9 @@ void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int tok
 
 /* One head's n values into the cache's element type. With f16 they were
  * rounded to f16 when made (qkv_finish_row), so the conversion is exact. */
-static void kv_store(const lp_kv_cache *kv, void *dst, const float *src, int n) {
-    if (!kv->f16) {
-        memcpy(dst, src, (size_t)n * sizeof(float));
-        return;
-    }
-    uint16_t *h = dst;
-    for (int i = 0; i < n; i++) h[i] = lp_f32_to_f16(src[i]);
+static void kv_store(const lp_context *ctx, void *dst, const float *src, int n) {
+    if (ctx->kv.f16) ctx->kern.to_f16(dst, src, n);
+    else memcpy(dst, src, (size_t)n * sizeof(float));
 }
 
 static int block_alloc(lp_kv_cache *kv) {
@@ -82,8 +78,8 @@ void lp_kv_append_row(lp_context *ctx, int r) {
         const float *k = ctx->k_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
         const float *v = ctx->v_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
         for (int h = 0; h < hp->n_kv_heads; h++) {
-            kv_store(kv, lp_kv_key(kv, block, l, h, slot), k + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
-            kv_store(kv, lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
+            kv_store(ctx, lp_kv_key(kv, block, l, h, slot), k + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
+            kv_store(ctx, lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
         }
     }
     s->tokens[s->length] = ctx->rows[r].token;
