@@ -709,29 +709,34 @@ static void test_ops(void) {
         CHECK_MSG(bad_silu == 0, "silu_mul %s: %d values off", levels[l].name, bad_silu);
     }
 
-    /* every level's grouped attention kernels against double sums (1 to 9
-     * heads so the 8- and 4-head blocks end anywhere, head dims with and
-     * without a tail, keys forwards and backwards), and a score or an
-     * output that does not depend on the block it came in: each key alone
+    /* every level's attention scores (keys transposed) against double sums
+     * and bit for bit against the reference (1 to 9 heads so the 8- and
+     * 4-head blocks end anywhere; 1 to 37 keys, across the 16- and 32-key
+     * vectors, with padded strides; head dims with and without a tail), and
+     * a score that does not depend on the run it came in: each key alone
      * gives the same bits */
     for (int l = 0; l < n_levels; l++) {
         const lp_kernels *k = &levels[l].k;
-        int bad_scores = 0, bad_mix = 0, bad_alone = 0;
-        static const int dims[] = {8, 48, 64, 100, 128};
+        int bad_scores = 0, bad_ref = 0, bad_alone = 0;
+        static const int dims[] = {8, 48, 64, 100};
+        static const int keys[] = {1, 7, 16, 21, 32, 37};
         for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
-            for (int nq = 1; nq <= 9; nq += 2)
-                for (int dir = 1; dir >= -1; dir -= 2) {
-                    int d = dims[di], nk = 7;
-                    if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
-                    const float *k0 = dir > 0 ? w : w + (nk - 1) * d, *v0 = dir > 0 ? x + 17 : x + 17 + (nk - 1) * d;
-                    float s1[9 * 7], s2[9 * 7], o1[9 * 128], o2[9 * 128];
-                    k->attn_scores(x, d, nq, k0, false, dir * d, nk, d, 0.125f, s1, nk);
+            for (size_t ki = 0; ki < sizeof keys / sizeof keys[0]; ki++)
+                for (int nq = 1; nq <= 9; nq += 2) {
+                    int d = dims[di], nk = keys[ki], kt_stride = nk + 3;
+                    enum { QMAX = 9 * 100, KMAX = 100 * 40, SMAX = 9 * 40 };
+                    static float q[QMAX], kt[KMAX], s1[SMAX], s2[SMAX], s_ref[SMAX];
+                    for (int i = 0; i < nq * d; i++) q[i] = x[(i * 7 + di) % N];
+                    for (int i = 0; i < d * kt_stride; i++) kt[i] = w[(i * 3 + ki) % N];
+                    k->attn_scores(q, d, nq, kt, false, kt_stride, nk, d, 0.125f, s1, nk);
+                    lp_attn_scores(q, d, nq, kt, false, kt_stride, nk, d, 0.125f, s_ref, nk);
+                    bad_ref += memcmp(s1, s_ref, (size_t)(nq * nk) * sizeof(float)) != 0;
                     for (int j = 0; j < nk; j++) {
-                        k->attn_scores(x, d, nq, k0 + j * dir * d, false, dir * d, 1, d, 0.125f, s2 + j, nk);
+                        k->attn_scores(q, d, nq, kt + j, false, kt_stride, 1, d, 0.125f, s2 + j, nk);
                         for (int h = 0; h < nq; h++) {
                             double want = 0, mag = 0;
-                            for (int i = 0; i < d; i++) {
-                                double t = (double)x[h * d + i] * k0[j * dir * d + i];
+                            for (int c = 0; c < d; c++) {
+                                double t = (double)q[h * d + c] * kt[c * kt_stride + j];
                                 want += t;
                                 mag += fabs(t);
                             }
@@ -739,24 +744,45 @@ static void test_ops(void) {
                         }
                     }
                     bad_alone += memcmp(s1, s2, (size_t)(nq * nk) * sizeof(float)) != 0;
+                }
+        CHECK_MSG(bad_scores == 0, "attn_scores %s: %d scores off", levels[l].name, bad_scores);
+        CHECK_MSG(bad_ref == 0, "attn_scores %s: %d cases differ from the reference's bits", levels[l].name, bad_ref);
+        CHECK_MSG(bad_alone == 0, "attn_scores %s: %d cases depend on the run a key came in", levels[l].name,
+                  bad_alone);
+    }
+
+    /* every level's attention mix against double sums (keys forwards and
+     * backwards), and an output that does not depend on the run it came
+     * in: each value row alone gives the same bits */
+    for (int l = 0; l < n_levels; l++) {
+        const lp_kernels *k = &levels[l].k;
+        int bad_mix = 0, bad_alone = 0;
+        static const int dims[] = {8, 48, 64, 100, 128};
+        for (size_t di = 0; di < sizeof dims / sizeof dims[0]; di++)
+            for (int nq = 1; nq <= 9; nq += 2)
+                for (int dir = 1; dir >= -1; dir -= 2) {
+                    int d = dims[di], nk = 7;
+                    if (nq * d + 17 > N || nk * d + 17 > N) continue; /* stay inside x and w */
+                    const float *v0 = dir > 0 ? x + 17 : x + 17 + (nk - 1) * d;
+                    float p[9 * 7], o1[9 * 128], o2[9 * 128];
+                    for (int i = 0; i < nq * nk; i++) p[i] = w[i] * 0.5f;
                     for (int i = 0; i < nq * d; i++) o1[i] = o2[i] = x[i + 3];
-                    k->attn_mix(o1, d, nq, s1, nk, v0, false, dir * d, nk, d);
-                    for (int j = 0; j < nk; j++) k->attn_mix(o2, d, nq, s1 + j, nk, v0 + j * dir * d, false, dir * d, 1, d);
+                    k->attn_mix(o1, d, nq, p, nk, v0, false, dir * d, nk, d);
+                    for (int j = 0; j < nk; j++) k->attn_mix(o2, d, nq, p + j, nk, v0 + j * dir * d, false, dir * d, 1, d);
                     bad_alone += memcmp(o1, o2, (size_t)(nq * d) * sizeof(float)) != 0;
                     for (int h = 0; h < nq; h++)
                         for (int i = 0; i < d; i++) {
                             double want = x[h * d + i + 3], mag = fabs(want);
                             for (int j = 0; j < nk; j++) {
-                                double t = (double)s1[h * nk + j] * v0[j * dir * d + i];
+                                double t = (double)p[h * nk + j] * v0[j * dir * d + i];
                                 want += t;
                                 mag += fabs(t);
                             }
                             bad_mix += !(fabs(o1[h * d + i] - want) <= 1e-6 * mag + 1e-30);
                         }
                 }
-        CHECK_MSG(bad_scores == 0, "attn_scores %s: %d scores off", levels[l].name, bad_scores);
         CHECK_MSG(bad_mix == 0, "attn_mix %s: %d outputs off", levels[l].name, bad_mix);
-        CHECK_MSG(bad_alone == 0, "attention %s: %d cases depend on the block a key came in", levels[l].name,
+        CHECK_MSG(bad_alone == 0, "attn_mix %s: %d cases depend on the run a value came in", levels[l].name,
                   bad_alone);
     }
 }
@@ -811,8 +837,9 @@ static void test_f16_kv(void) {
                     static float s_f[NQ * NK], s_h[NQ * NK], o_f[NQ * DMAX], o_h[NQ * DMAX];
                     memset(o_f, 0, sizeof o_f);
                     memset(o_h, 0, sizeof o_h);
-                    k->attn_scores(q, D, nq, kf + at, false, dir * D, NK, D, 0.125f, s_f, NK);
-                    k->attn_scores(q, D, nq, kh + at, true, dir * D, NK, D, 0.125f, s_h, NK);
+                    /* kf / kh as transposed keys: D rows of NK */
+                    k->attn_scores(q, D, nq, kf, false, NK, NK, D, 0.125f, s_f, NK);
+                    k->attn_scores(q, D, nq, kh, true, NK, NK, D, 0.125f, s_h, NK);
                     bad += memcmp(s_f, s_h, (size_t)(nq * NK) * sizeof(float)) != 0;
                     k->attn_mix(o_f, D, nq, p, NK, vf + at, false, dir * D, NK, D);
                     k->attn_mix(o_h, D, nq, p, NK, vh + at, true, dir * D, NK, D);

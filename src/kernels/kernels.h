@@ -88,9 +88,10 @@ typedef struct lp_kernels {
     void (*softmax)(float *x, int64_t n);
     void (*silu_mul)(float *gate, const float *up, int64_t n);
     /* Attention over a run of keys for the nq query heads that share them
-     * (grouped-query attention): lp_attn_scores and lp_attn_mix of this
-     * level, with the bits of dot_f32 and axpy_f32 called pair by pair. */
-    void (*attn_scores)(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
+     * (grouped-query attention): lp_attn_scores (the reference's bits; keys
+     * transposed) and lp_attn_mix (the bits of axpy_f32 called row by row)
+     * of this level. */
+    void (*attn_scores)(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride,
                         int nk, int64_t d, float scale, float *s, int64_t s_stride);
     void (*attn_mix)(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v,
                      bool v_f16, int64_t v_stride, int nk, int64_t d);
@@ -169,11 +170,14 @@ void lp_softmax(float *x, int64_t n);
 /* gate[i] = silu(gate[i]) * up[i] */
 void lp_silu_mul(float *gate, const float *up, int64_t n);
 float lp_dot_f32_ref(const float *a, const float *b, int64_t n);
-/* s[h*s_stride + j] = scale * dot(q + h*q_stride, k_j) over d <= LP_HEAD_DIM_MAX elements,
- * k_j = k + j*k_stride (elements: f32, or f16 when k_f16), for h < nq and
- * j < nk (a negative k_stride walks rows backwards). An f16 key gives the
- * bits its f32 value would: the KV cache may store either. */
-void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
+/* Scores of nq query heads against nk keys stored transposed (element c of
+ * key j at kt[c*kt_stride + j], f32, or f16 when k_f16), for h < nq, j < nk:
+ * s[h*s_stride + j] = scale * acc, acc = fmaf(q_h[c], k_j[c], acc) for c =
+ * 0..d-1 in order from 0, q_h = q + h*q_stride. Every level does exactly
+ * these operations (one chain per score, vectors across keys), so every
+ * level gives the same bits, and a score depends only on its query and key.
+ * An f16 key gives the bits its f32 value would. */
+void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride, int nk,
                     int64_t d, float scale, float *s, int64_t s_stride);
 /* out + h*out_stride += sum over j in order of p[h*p_stride + j] * v_j
  * (v_j = v + j*v_stride, d f32 or f16 elements), as lp_axpy per j does,

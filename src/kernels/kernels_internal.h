@@ -219,7 +219,7 @@ void lp_run_tile_f32(int level, const lp_tile *t);
 
 #if defined(__x86_64__)
 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n);
-void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
+void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride, int nk,
                          int64_t d, float scale, float *s, int64_t s_stride);
 void lp_round_f16_avx2(float *x, int64_t n);
 void lp_to_f16_avx2(uint16_t *dst, const float *src, int64_t n);
@@ -230,7 +230,7 @@ void lp_dequant_q4_0_avx2(const uint8_t *src, float *dst, int64_t blocks);
 void lp_dequant_q8_0_avx2(const uint8_t *src, float *dst, int64_t blocks);
 
 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n);
-void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
+void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride,
                            int nk, int64_t d, float scale, float *s, int64_t s_stride);
 void lp_attn_mix_avx512(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v,
                         bool v_f16, int64_t v_stride, int nk, int64_t d);

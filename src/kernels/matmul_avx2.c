@@ -5,6 +5,7 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
+#include <math.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -112,16 +113,61 @@ AVX2 void lp_to_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
     for (; i < n; i++) dst[i] = lp_f32_to_f16(src[i]);
 }
 
-AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
-                              int nk, int64_t d, float scale, float *s, int64_t s_stride) {
-    for (int j = 0; j < nk; j++) {
-        const void *kj = k_f16 ? (const void *)((const uint16_t *)k + j * k_stride)
-                               : (const void *)((const float *)k + j * k_stride);
-        for (int h = 0; h < nq; h++) {
-            float dot = k_f16 ? dot_avx2(q + h * q_stride, kj, d, true) : dot_avx2(q + h * q_stride, kj, d, false);
-            s[h * s_stride + j] = dot * scale;
+/* Element c of keys j..j+7 (transposed storage, f32 or f16). */
+AVX2 INLINE __m256 load_keys8(const void *kt, int64_t at, bool f16) {
+    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)kt + at)));
+    return _mm256_loadu_ps((const float *)kt + at);
+}
+
+/* Heads [h, h + HN) (HN a constant where inlined) against keys [j, j + 16):
+ * 2 HN chains, lanes across keys, one fma per element as the reference. */
+AVX2 INLINE void scores_t16(const float *q, int64_t q_stride, int HN, const void *kt, bool f16, int64_t kt_stride,
+                            int j, int64_t d, float scale, float *s, int64_t s_stride) {
+    __m256 acc[4][2];
+    for (int h = 0; h < HN; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c++) {
+        __m256 k0 = load_keys8(kt, c * kt_stride + j, f16), k1 = load_keys8(kt, c * kt_stride + j + 8, f16);
+        for (int h = 0; h < HN; h++) {
+            __m256 qv = _mm256_broadcast_ss(q + h * q_stride + c);
+            acc[h][0] = _mm256_fmadd_ps(qv, k0, acc[h][0]);
+            acc[h][1] = _mm256_fmadd_ps(qv, k1, acc[h][1]);
         }
     }
+    const __m256 sv = _mm256_set1_ps(scale);
+    for (int h = 0; h < HN; h++) {
+        _mm256_storeu_ps(s + h * s_stride + j, _mm256_mul_ps(acc[h][0], sv));
+        _mm256_storeu_ps(s + h * s_stride + j + 8, _mm256_mul_ps(acc[h][1], sv));
+    }
+}
+
+/* Keys in runs of 16 (4 heads at a time); the last few keys one by one
+ * with fmaf, which is the same fused operation per element. */
+AVX2 INLINE void scores_t_all(const float *q, int64_t q_stride, int nq, const void *kt, bool f16, int64_t kt_stride,
+                              int nk, int64_t d, float scale, float *s, int64_t s_stride) {
+    int j = 0;
+    for (; j + 16 <= nk; j += 16) {
+        int h = 0;
+        for (; h + 4 <= nq; h += 4)
+            scores_t16(q + h * q_stride, q_stride, 4, kt, f16, kt_stride, j, d, scale, s + h * s_stride, s_stride);
+        for (; h < nq; h++)
+            scores_t16(q + h * q_stride, q_stride, 1, kt, f16, kt_stride, j, d, scale, s + h * s_stride, s_stride);
+    }
+    for (; j < nk; j++)
+        for (int h = 0; h < nq; h++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < d; c++) {
+                int64_t at = c * kt_stride + j;
+                float kc = f16 ? lp_f16_to_f32(((const uint16_t *)kt)[at]) : ((const float *)kt)[at];
+                acc = fmaf(q[h * q_stride + c], kc, acc);
+            }
+            s[h * s_stride + j] = acc * scale;
+        }
+}
+
+AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride,
+                              int nk, int64_t d, float scale, float *s, int64_t s_stride) {
+    if (k_f16) scores_t_all(q, q_stride, nq, kt, true, kt_stride, nk, d, scale, s, s_stride);
+    else scores_t_all(q, q_stride, nq, kt, false, kt_stride, nk, d, scale, s, s_stride);
 }
 
 /* Q4_0 / Q8_0 decoders: integer codes widen to int32, convert exactly to

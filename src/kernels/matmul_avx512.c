@@ -106,100 +106,70 @@ AVX512 INLINE float dot_avx512(const float *a, const float *b, int64_t n) {
 }
 AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) { return dot_avx512(a, b, n); }
 
-/* Lane sums of 8 vectors: lane h of the result is the sum of a[h]'s 16
- * lanes (halves added, then a horizontal-add tree), 8 dot products
- * finished together instead of one full reduction each. */
-AVX512 INLINE __m256 sum8(const __m512 a[8]) {
-    __m256 b[8];
-    for (int i = 0; i < 8; i++)
-        b[i] = _mm256_add_ps(_mm512_castps512_ps256(a[i]),
-                             _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a[i]), 1)));
-    __m256 t0 = _mm256_hadd_ps(b[0], b[1]), t1 = _mm256_hadd_ps(b[2], b[3]);
-    __m256 t2 = _mm256_hadd_ps(b[4], b[5]), t3 = _mm256_hadd_ps(b[6], b[7]);
-    __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
-    return _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31));
-}
-
-/* Keys or values fetched ahead in the attention kernels (rows). */
+/* Values fetched ahead in lp_attn_mix (rows). */
 #define ATTN_AHEAD 8
 
-/* Element e of a K/V row stream (f32 or f16 elements) as bytes. */
+/* Element e of a V row stream (f32 or f16 elements) as bytes. */
 #define KV_AT(base, e, f16) ((const char *)(base) + (e) * ((f16) ? 2 : 4))
 
-/* The HN scores of one key from its accumulators: one reduction tree
- * (sum8), then scaled. */
-AVX512 INLINE void store_scores(const __m512 acc[8], int HN, float scale, float *s, int64_t s_stride, int j) {
-    _Alignas(32) float sums[8];
-    _mm256_store_ps(sums, _mm256_mul_ps(sum8(acc), _mm256_set1_ps(scale)));
-    for (int h = 0; h < HN; h++) s[h * s_stride + j] = sums[h];
+/* Element c of keys j..j+15 (transposed storage; lanes past the mask
+ * read as 0 and are never stored). */
+AVX512 INLINE __m512 load_keys16(const void *kt, int64_t at, __mmask16 m, bool f16) {
+    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)kt + at));
+    return _mm512_maskz_loadu_ps(m, (const float *)kt + at);
 }
 
-/* HN (a constant where it is inlined, so the accumulators stay in
- * registers) heads at qh against nk keys (f32, or f16 converted exactly).
- * Keys go in pairs that share each load of a query chunk (8 decode
- * streams: 7 % less attention time than one key at a time); a last odd key
- * goes alone. Either way a score is the same fma chain and tree. */
-AVX512 INLINE void scores_heads(const float *qh, int64_t q_stride, int HN, const void *k, bool f16, int64_t k_stride,
+/* Heads [0, HN) (HN a constant where inlined, so the accumulators stay in
+ * registers) against KV vectors (1 or 2) of 16 keys from key j, n keys in
+ * all: 8 heads x 2 vectors are 16 independent fma chains, lanes across
+ * keys, one fma per element as the reference, and no reductions. */
+AVX512 INLINE void scores_t(const float *q, int64_t q_stride, int HN, int KV, const void *kt, bool f16,
+                            int64_t kt_stride, int j, int n, int64_t d, float scale, float *s, int64_t s_stride) {
+    __mmask16 m[2];
+    for (int v = 0; v < 2; v++) {
+        int left = n - 16 * v;
+        m[v] = left >= 16 ? (__mmask16)0xffff : left > 0 ? (__mmask16)((1u << left) - 1) : 0;
+    }
+    __m512 acc[8][2];
+    for (int h = 0; h < HN; h++)
+        for (int v = 0; v < KV; v++) acc[h][v] = _mm512_setzero_ps();
+    for (int64_t c = 0; c < d; c++) {
+        __m512 kv[2];
+        for (int v = 0; v < KV; v++) kv[v] = load_keys16(kt, c * kt_stride + j + 16 * v, m[v], f16);
+        for (int h = 0; h < HN; h++) {
+            __m512 qv = _mm512_set1_ps(q[h * q_stride + c]);
+            for (int v = 0; v < KV; v++) acc[h][v] = _mm512_fmadd_ps(qv, kv[v], acc[h][v]);
+        }
+    }
+    const __m512 sv = _mm512_set1_ps(scale);
+    for (int h = 0; h < HN; h++)
+        for (int v = 0; v < KV; v++)
+            _mm512_mask_storeu_ps(s + h * s_stride + j + 16 * v, m[v], _mm512_mul_ps(acc[h][v], sv));
+}
+
+/* Keys in runs of up to 32, heads 8, 4 or 1 at a time. */
+AVX512 INLINE void scores_t_all(const float *q, int64_t q_stride, int nq, const void *kt, bool f16, int64_t kt_stride,
                                 int nk, int64_t d, float scale, float *s, int64_t s_stride) {
-    int j = 0;
-    for (; j + 2 <= nk; j += 2) {
-        const char *k0 = KV_AT(k, j * k_stride, f16), *k1 = KV_AT(k, (j + 1) * k_stride, f16);
-        /* keys stream from memory: fetch a few ahead, in walking order */
-        for (int t = 0; t < 2; t++)
-            if (j + t + ATTN_AHEAD < nk)
-                for (int64_t c = 0; c < d; c += 16)
-                    _mm_prefetch(KV_AT(k, (j + t + ATTN_AHEAD) * k_stride + c, f16), _MM_HINT_T0);
-        __m512 acc0[8], acc1[8];
-        for (int h = 0; h < 8; h++) acc0[h] = acc1[h] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < d; c += 16) {
-            int64_t left = d - c;
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-            __m512 kv0 = load_w_masked(k0, c, m, f16), kv1 = load_w_masked(k1, c, m, f16);
-            for (int h = 0; h < HN; h++) {
-                __m512 qv = _mm512_maskz_loadu_ps(m, qh + h * q_stride + c);
-                acc0[h] = _mm512_fmadd_ps(qv, kv0, acc0[h]);
-                acc1[h] = _mm512_fmadd_ps(qv, kv1, acc1[h]);
-            }
-        }
-        store_scores(acc0, HN, scale, s, s_stride, j);
-        store_scores(acc1, HN, scale, s, s_stride, j + 1);
-    }
-    if (j < nk) {
-        const char *kj = KV_AT(k, j * k_stride, f16);
-        __m512 acc[8];
-        for (int h = 0; h < 8; h++) acc[h] = _mm512_setzero_ps();
-        for (int64_t c = 0; c < d; c += 16) {
-            int64_t left = d - c;
-            __mmask16 m = left >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << left) - 1);
-            __m512 kv = load_w_masked(kj, c, m, f16);
-            for (int h = 0; h < HN; h++)
-                acc[h] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, qh + h * q_stride + c), kv, acc[h]);
-        }
-        store_scores(acc, HN, scale, s, s_stride, j);
+    for (int j = 0; j < nk; j += 32) {
+        int n = nk - j < 32 ? nk - j : 32;
+        int h = 0;
+#define SCORES_T(HN)                                                                                       \
+    do {                                                                                                   \
+        if (n > 16) scores_t(q + h * q_stride, q_stride, HN, 2, kt, f16, kt_stride, j, n, d, scale, s + h * s_stride, s_stride); \
+        else scores_t(q + h * q_stride, q_stride, HN, 1, kt, f16, kt_stride, j, n, d, scale, s + h * s_stride, s_stride);        \
+        h += HN;                                                                                           \
+    } while (0)
+        while (h + 8 <= nq) SCORES_T(8);
+        if (h + 4 <= nq) SCORES_T(4);
+        while (h < nq) SCORES_T(1);
+#undef SCORES_T
     }
 }
 
-/* lp_attn_scores: up to 8 heads against each key, the key read once, the
- * 8 sums finished by one tree (sum8). A score depends only on its query
- * and key (not on the other heads, the block or the stride), so a row's
- * attention does not depend on the batch. */
-AVX512 INLINE void scores_all(const float *q, int64_t q_stride, int nq, const void *k, bool f16, int64_t k_stride,
-                              int nk, int64_t d, float scale, float *s, int64_t s_stride) {
-    int h0 = 0;
-    for (; h0 + 8 <= nq; h0 += 8)
-        scores_heads(q + h0 * q_stride, q_stride, 8, k, f16, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
-    if (nq - h0 >= 4) {
-        scores_heads(q + h0 * q_stride, q_stride, 4, k, f16, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
-        h0 += 4;
-    }
-    for (; h0 < nq; h0++)
-        scores_heads(q + h0 * q_stride, q_stride, 1, k, f16, k_stride, nk, d, scale, s + h0 * s_stride, s_stride);
-}
-
-AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride,
-                                  int nk, int64_t d, float scale, float *s, int64_t s_stride) {
-    if (k_f16) scores_all(q, q_stride, nq, k, true, k_stride, nk, d, scale, s, s_stride);
-    else scores_all(q, q_stride, nq, k, false, k_stride, nk, d, scale, s, s_stride);
+AVX512 void lp_attn_scores_avx512(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16,
+                                  int64_t kt_stride, int nk, int64_t d, float scale, float *s, int64_t s_stride) {
+    if (k_f16) scores_t_all(q, q_stride, nq, kt, true, kt_stride, nk, d, scale, s, s_stride);
+    else scores_t_all(q, q_stride, nq, kt, false, kt_stride, nk, d, scale, s, s_stride);
 }
 
 /* HN (constant where inlined) heads x 64 outputs from column c. */

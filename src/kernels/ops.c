@@ -31,16 +31,24 @@ static const float *kv_row(const void *base, int64_t j, int64_t stride, bool f16
     return buf;
 }
 
-/* lp_dot_f32_ref and lp_axpy on the K/V rows as floats: the same
+/* One fmaf chain per score over the keys' values as floats: the same
  * operations on the same values, whatever the storage. */
-void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *k, bool k_f16, int64_t k_stride, int nk,
+void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride, int nk,
                     int64_t d, float scale, float *s, int64_t s_stride) {
-    float buf[LP_HEAD_DIM_MAX];
-    for (int j = 0; j < nk; j++) {
-        const float *kj = kv_row(k, j, k_stride, k_f16, d, buf);
-        for (int h = 0; h < nq; h++) s[h * s_stride + j] = lp_dot_f32_ref(q + h * q_stride, kj, d) * scale;
-    }
+    for (int h = 0; h < nq; h++)
+        for (int j = 0; j < nk; j++) {
+            float acc = 0.0f;
+            for (int64_t c = 0; c < d; c++) {
+                int64_t at = c * kt_stride + j;
+                float kc = k_f16 ? lp_f16_to_f32(((const uint16_t *)kt)[at]) : ((const float *)kt)[at];
+                acc = fmaf(q[h * q_stride + c], kc, acc);
+            }
+            s[h * s_stride + j] = acc * scale;
+        }
 }
+
+/* lp_axpy on the V rows as floats: the same operations on the same values,
+ * whatever the storage. */
 
 /* Rows j in order for every head: each output still sums its terms in row
  * order, as one lp_axpy per row would. */

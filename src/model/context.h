@@ -54,6 +54,7 @@ struct lp_context {
     float *q_rows;       /* this layer's queries: ctx->q or inside qkv ... */
     int64_t q_stride;    /* ... with this row stride */
     float *k_new;      /* [layers][rows][kv_dim] this batch's keys (roped) */
+    float *k_new_t;    /* [kv_heads][head_dim][rows] this layer's k_new transposed (attention) */
     float *v_new;      /* [layers][rows][kv_dim] */
     float *gate, *up;  /* [rows][ffn_dim]; fused gate|up: gate is [rows][2 ffn_dim] */
     float *rope_cos, *rope_sin; /* [rows][head_dim/2] */
@@ -78,8 +79,10 @@ struct lp_context {
     int max_rank;         /* planned rank limit */
 };
 
-/* KV helpers shared by forward and the sequence API (kv.c). */
-void *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token);
+/* KV helpers shared by forward and the sequence API (kv.c). A block's keys
+ * of one layer and head are transposed, [head_dim][block_tokens]; its
+ * values are rows, [block_tokens][head_dim]. */
+void *lp_kv_keys(const lp_kv_cache *kv, int block, int layer, int head);
 void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token);
 /* Blocks a sequence needs to grow by n entries (counting a copy-on-write of a
  * shared partial last block). */

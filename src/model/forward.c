@@ -157,6 +157,7 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->xn = plan_alloc(rows * wide, sizeof(float), &ok);
     ctx->q = plan_alloc(rows * q_dim, sizeof(float), &ok);
     ctx->k_new = plan_alloc((size_t)hp->n_layers * rows * kv_dim, sizeof(float), &ok);
+    ctx->k_new_t = plan_alloc(rows * kv_dim, sizeof(float), &ok);
     ctx->v_new = plan_alloc((size_t)hp->n_layers * rows * kv_dim, sizeof(float), &ok);
     /* gate doubles as the attention-projection output, so it is at least dim
      * wide; with fused gate|up it holds both halves of each row */
@@ -220,7 +221,7 @@ void lp_context_free(lp_context *ctx) {
             lp_free(ctx->seqs[s].tags);
         }
     lp_free(ctx->seqs);
-    void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->v_new, ctx->gate, ctx->up,
+    void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->k_new_t, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
                     ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->slots,
                     ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y,
@@ -328,10 +329,25 @@ static int chain_run(const lp_context *ctx, int a) {
     return len;
 }
 
+/* A block's keys are one short stream of their own (a block is a page,
+ * where the hardware prefetchers stop): fetched while the block before
+ * them is scored. */
+static void prefetch(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
+}
+
+static void reverse(float *x, int n) {
+    for (int i = 0, j = n - 1; i < j; i++, j--) {
+        float t = x[i];
+        x[i] = x[j];
+        x[j] = t;
+    }
+}
+
 /* One row and one KV head, for the query heads that share it (grouped-
  * query attention): softmax(q·K/sqrt(d)) V over the sequence's committed
  * entries, block by block, followed by the row's parent chain (nearest
- * last). Each key and value row is read once for all those heads. */
+ * first). Each key and value is read once for all those heads. */
 static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores) {
     const lp_hparams *hp = &ctx->model->hp;
     const lp_kv_cache *kv = &ctx->kv;
@@ -340,26 +356,29 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     const float *q = ctx->q_rows + (size_t)r * (size_t)ctx->q_stride + (size_t)h0 * (size_t)d;
     const lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
     float scale = 1.0f / sqrtf((float)d);
-    const float *k_batch = ctx->k_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
+    const float *k_batch_t = ctx->k_new_t + (size_t)g * (size_t)d * rows;
     const float *v_batch = ctx->v_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
     /* scores of head h0 + i at scores[i * n_all ...]: committed, then chain */
     int n_all = s->length;
     for (int a = r; a >= 0; a = ctx->rows[a].parent) n_all++;
     int bt = kv->block_tokens;
+    size_t key_block_bytes = (size_t)bt * (size_t)d * kv->elem_bytes;
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
-        const void *k = lp_kv_key(kv, s->blocks[t / bt], layer, g, 0);
-        ctx->kern.attn_scores(q, d, per, k, kv->f16, d, nk, d, scale, scores + t, n_all);
+        const void *kt = lp_kv_keys(kv, s->blocks[t / bt], layer, g);
+        if (t + bt < s->length) prefetch(lp_kv_keys(kv, s->blocks[t / bt + 1], layer, g), key_block_bytes);
+        ctx->kern.attn_scores(q, d, per, kt, kv->f16, bt, nk, d, scale, scores + t, n_all);
     }
-    /* The chain in runs of consecutive rows (a prefill chain is one run),
-     * walked downwards with a negative stride, so scores keep their order. */
+    /* The chain nearest first, in runs of consecutive rows (a prefill chain
+     * is one run): a run's scores come out in row order and are turned
+     * around, so a row's terms keep one order however its chain is batched. */
     int n = s->length;
     for (int a = r; a >= 0;) {
-        int len = chain_run(ctx, a);
-        ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, false, -(int64_t)kv_dim, len, d, scale,
-                              scores + n, n_all);
+        int len = chain_run(ctx, a), first = a - len + 1;
+        ctx->kern.attn_scores(q, d, per, k_batch_t + first, false, (int64_t)rows, len, d, scale, scores + n, n_all);
+        for (int i = 0; i < per; i++) reverse(scores + (size_t)i * (size_t)n_all + n, len);
         n += len;
-        a = ctx->rows[a - len + 1].parent;
+        a = ctx->rows[first].parent;
     }
     for (int i = 0; i < per; i++) ctx->kern.softmax(scores + (size_t)i * (size_t)n_all, n_all);
 
@@ -388,9 +407,12 @@ static void attention_worker(void *arg, int thread, int n_threads) {
     size_t per_thread = ((size_t)ctx->params.max_seq_len + (size_t)ctx->params.max_rows) *
                         (size_t)(hp->n_heads / n_kv);
     float *scores = ctx->scores + (size_t)thread * per_thread;
-    int64_t begin, end;
-    lp_split_range((int64_t)ctx->n_rows * n_kv, thread, n_threads, 1, &begin, &end);
-    for (int64_t i = begin; i < end; i++) attend_group(ctx, task->layer, (int)(i / n_kv), (int)(i % n_kv), scores);
+    /* KV head major: the rows of one head follow each other on one thread,
+     * so streams sharing a prompt read its keys and values from memory
+     * once, not once per row and thread */
+    int64_t begin, end, n = ctx->n_rows;
+    lp_split_range(n * n_kv, thread, n_threads, 1, &begin, &end);
+    for (int64_t i = begin; i < end; i++) attend_group(ctx, task->layer, (int)(i % n), (int)(i / n), scores);
 }
 
 /* ---- adapters ------------------------------------------------------------------------------ */
@@ -566,6 +588,9 @@ static void qkv_finish_row(const rows_task *t, int r) {
         ctx->kern.round_f16(k, kv_dim);
         ctx->kern.round_f16(t->v_new + r * kv_dim, kv_dim);
     }
+    /* the batch's keys transposed, as the cache's blocks hold them */
+    int64_t rows = ctx->params.max_rows;
+    for (int64_t i = 0; i < kv_dim; i++) ctx->k_new_t[i * rows + r] = k[i];
 }
 
 static void row_step_one(const rows_task *t, int r) {

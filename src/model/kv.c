@@ -4,18 +4,23 @@
 
 #include <string.h>
 
-/* K (and V) are laid out [layer][kv head][block][token][head_dim]: one
- * head's entries in consecutive blocks lie one after another, so attention
- * over a sequence whose blocks were handed out in order (the free list
- * gives ascending ids) reads one stream per head. */
+/* V is laid out [layer][kv head][block][token][head_dim], K the same but
+ * transposed within a block, [head_dim][token]: one head's entries in
+ * consecutive blocks lie one after another, so attention over a sequence
+ * whose blocks were handed out in order (the free list gives ascending ids)
+ * reads one stream per head. Transposed keys put the tokens in vector
+ * lanes, so a score is one fma chain with no reduction across lanes (8
+ * decode streams over a 128-token prompt, TinyLlama shape, 2 threads:
+ * attention 2.36 -> 1.84 ms per step, with the prefetch and head-major
+ * order of forward.c). */
 static size_t block_offset(const lp_kv_cache *kv, int block, int layer, int head, int token) {
     size_t stream = (size_t)layer * (size_t)kv->n_kv_heads + (size_t)head;
     return ((stream * (size_t)kv->n_blocks + (size_t)block) * (size_t)kv->block_tokens + (size_t)token) *
            (size_t)kv->head_dim * kv->elem_bytes;
 }
 
-void *lp_kv_key(const lp_kv_cache *kv, int block, int layer, int head, int token) {
-    return kv->k + block_offset(kv, block, layer, head, token);
+void *lp_kv_keys(const lp_kv_cache *kv, int block, int layer, int head) {
+    return kv->k + block_offset(kv, block, layer, head, 0);
 }
 
 void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int token) {
@@ -27,6 +32,18 @@ void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int tok
 static void kv_store(const lp_context *ctx, void *dst, const float *src, int n) {
     if (ctx->kv.f16) ctx->kern.to_f16(dst, src, n);
     else memcpy(dst, src, (size_t)n * sizeof(float));
+}
+
+/* One head's key (n values) into column `slot` of its transposed block. */
+static void kv_store_key(const lp_context *ctx, void *keys, int slot, const float *src, int n) {
+    int bt = ctx->kv.block_tokens;
+    if (ctx->kv.f16) {
+        uint16_t h[LP_HEAD_DIM_MAX];
+        ctx->kern.to_f16(h, src, n);
+        for (int c = 0; c < n; c++) ((uint16_t *)keys)[(size_t)c * bt + slot] = h[c];
+    } else {
+        for (int c = 0; c < n; c++) ((float *)keys)[(size_t)c * bt + slot] = src[c];
+    }
 }
 
 static int block_alloc(lp_kv_cache *kv) {
@@ -66,7 +83,7 @@ void lp_kv_append_row(lp_context *ctx, int r) {
         size_t bytes = (size_t)bt * (size_t)hp->head_dim * kv->elem_bytes;
         for (int l = 0; l < hp->n_layers; l++)
             for (int h = 0; h < hp->n_kv_heads; h++) {
-                memcpy(lp_kv_key(kv, fresh, l, h, 0), lp_kv_key(kv, old, l, h, 0), bytes);
+                memcpy(lp_kv_keys(kv, fresh, l, h), lp_kv_keys(kv, old, l, h), bytes);
                 memcpy(lp_kv_value(kv, fresh, l, h, 0), lp_kv_value(kv, old, l, h, 0), bytes);
             }
         block_release(kv, old);
@@ -78,7 +95,7 @@ void lp_kv_append_row(lp_context *ctx, int r) {
         const float *k = ctx->k_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
         const float *v = ctx->v_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
         for (int h = 0; h < hp->n_kv_heads; h++) {
-            kv_store(ctx, lp_kv_key(kv, block, l, h, slot), k + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
+            kv_store_key(ctx, lp_kv_keys(kv, block, l, h), slot, k + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
             kv_store(ctx, lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
         }
     }
