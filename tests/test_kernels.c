@@ -608,6 +608,15 @@ static void test_ops(void) {
     float zeros[4] = {0};
     lp_rmsnorm(out, zeros, NULL, 4, 1e-5f);
     CHECK(out[0] == 0.0f && out[3] == 0.0f);
+    /* its sum of squares at every length up to 40 (the tail of the eight
+     * partial sums) and a long one */
+    bad = 0;
+    for (int n = 0; n <= N; n += n < 40 ? 1 : N - 40) {
+        long double want = 0;
+        for (int i = 0; i < n; i++) want += (long double)x[i] * x[i];
+        bad += !(fabsl(lp_sum_squares(x, n) - want) <= 1e-14L * want);
+    }
+    CHECK_MSG(bad == 0, "sum_squares: %d lengths off", bad);
 
     /* softmax: large offsets must not overflow */
     float s[N];

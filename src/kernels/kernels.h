@@ -163,6 +163,8 @@ void lp_matmul_ref(const lp_weight *W, const float *X, int64_t x_stride,
 
 /* ---- vector ops ---------------------------------------------------------- */
 
+/* sum of x[i]^2 in double, in a fixed order (lp_rmsnorm's, and training's) */
+double lp_sum_squares(const float *x, int64_t n);
 /* out = x / sqrt(mean(x^2) + eps) * w  (w may be NULL: no gain) */
 void lp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps);
 /* In-place softmax over n values. */

@@ -61,11 +61,22 @@ void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t
     }
 }
 
-/* The sum of squares runs in double: for large n a float sum would drift,
- * and the result then rounds to what a float implementation intends. */
+/* In double: for large n a float sum would drift, and the result then
+ * rounds to what a float implementation intends. Eight partial sums
+ * (element i into sum i % 8, added pairwise at the end), so the compiler
+ * can keep them in vectors: one chain of dependent adds over 2048 values
+ * took 2.7 us a row, a quarter of an 8-stream step's row work. */
+double lp_sum_squares(const float *x, int64_t n) {
+    double part[8] = {0};
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8)
+        for (int l = 0; l < 8; l++) part[l] += (double)x[i + l] * (double)x[i + l];
+    for (int l = 0; i < n; i++, l++) part[l] += (double)x[i] * (double)x[i];
+    return ((part[0] + part[4]) + (part[1] + part[5])) + ((part[2] + part[6]) + (part[3] + part[7]));
+}
+
 void lp_rmsnorm(float *out, const float *x, const float *w, int64_t n, float eps) {
-    double ss = 0;
-    for (int64_t i = 0; i < n; i++) ss += (double)x[i] * (double)x[i];
+    double ss = lp_sum_squares(x, n);
     float mean = n > 0 ? (float)(ss / (double)n) : 0.0f;
     float scale = 1.0f / sqrtf(mean + eps);
     for (int64_t i = 0; i < n; i++) out[i] = w ? x[i] * scale * w[i] : x[i] * scale;

@@ -54,7 +54,9 @@ struct lp_context {
     float *q_rows;       /* this layer's queries: ctx->q or inside qkv ... */
     int64_t q_stride;    /* ... with this row stride */
     float *k_new;      /* [layers][rows][kv_dim] this batch's keys (roped) */
-    float *k_new_t;    /* [kv_heads][head_dim][rows] this layer's k_new transposed (attention) */
+    float *k_new_t;    /* [kv_heads][head_dim][rows] this layer's k_new transposed, for
+                        * attention over runs of rows (batch_has_runs) */
+    bool batch_has_runs; /* some row's parent is the row before it */
     float *v_new;      /* [layers][rows][kv_dim] */
     float *gate, *up;  /* [rows][ffn_dim]; fused gate|up: gate is [rows][2 ffn_dim] */
     float *rope_cos, *rope_sin; /* [rows][head_dim/2] */
@@ -65,6 +67,7 @@ struct lp_context {
     lp_row *rows;      /* [rows] copy of the last batch */
     int n_rows;
     int *commit_count; /* [max_sequences] scratch for capacity checks */
+    int *commit_block, *commit_slot; /* [rows] where a committed row's entry goes */
 
     /* adapters: slots 1..max_adapters, and the per-forward grouping of rows */
     lp_slot *slots;       /* [max_adapters + 1]; slot 0 = base */
@@ -88,7 +91,15 @@ void *lp_kv_value(const lp_kv_cache *kv, int block, int layer, int head, int tok
  * shared partial last block). */
 int lp_kv_blocks_needed(const lp_context *ctx, int seq, int n);
 /* Appends row r of the last forward to its sequence (capacity checked by
- * the caller). */
+ * the caller): the three steps below at once. */
 void lp_kv_append_row(lp_context *ctx, int r);
+/* Makes room for row r's entry at position pos of its sequence (a new
+ * block, or a private copy of a shared partial one) and records where it
+ * goes in commit_block / commit_slot; invisible until lp_kv_finish_row. */
+void lp_kv_reserve_row(lp_context *ctx, int r, int pos);
+/* Row r's key and value of one layer and KV head into its reserved place. */
+void lp_kv_store_row(const lp_context *ctx, int r, int layer, int head);
+/* Counts row r's reserved entry into its sequence (after its stores). */
+void lp_kv_finish_row(lp_context *ctx, int r);
 
 #endif

@@ -179,6 +179,8 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->logit_slot = plan_alloc(rows, sizeof(int), &ok);
     ctx->rows = plan_alloc(rows, sizeof(lp_row), &ok);
     ctx->commit_count = plan_alloc((size_t)ctx->params.max_sequences, sizeof(int), &ok);
+    ctx->commit_block = plan_alloc(rows, sizeof(int), &ok);
+    ctx->commit_slot = plan_alloc(rows, sizeof(int), &ok);
     size_t widest = wide > (size_t)hp->ffn_dim ? wide : (size_t)hp->ffn_dim;
     ctx->max_rank = ctx->params.max_adapter_rank;
     ctx->slots = plan_alloc((size_t)ctx->params.max_adapters + 1, sizeof(lp_slot), &ok);
@@ -223,7 +225,7 @@ void lp_context_free(lp_context *ctx) {
     lp_free(ctx->seqs);
     void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->k_new_t, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
-                    ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->slots,
+                    ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->commit_block, ctx->commit_slot, ctx->slots,
                     ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y,
                     ctx->lora_batch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(bufs[i]);
@@ -356,6 +358,7 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     const float *q = ctx->q_rows + (size_t)r * (size_t)ctx->q_stride + (size_t)h0 * (size_t)d;
     const lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
     float scale = 1.0f / sqrtf((float)d);
+    const float *k_batch = ctx->k_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
     const float *k_batch_t = ctx->k_new_t + (size_t)g * (size_t)d * rows;
     const float *v_batch = ctx->v_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
     /* scores of head h0 + i at scores[i * n_all ...]: committed, then chain */
@@ -375,7 +378,13 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     int n = s->length;
     for (int a = r; a >= 0;) {
         int len = chain_run(ctx, a), first = a - len + 1;
-        ctx->kern.attn_scores(q, d, per, k_batch_t + first, false, (int64_t)rows, len, d, scale, scores + n, n_all);
+        /* one key is its own transpose (k_new_t is filled only for batches
+         * with longer runs) */
+        if (len == 1)
+            ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, false, 1, 1, d, scale, scores + n, n_all);
+        else
+            ctx->kern.attn_scores(q, d, per, k_batch_t + first, false, (int64_t)rows, len, d, scale, scores + n,
+                                  n_all);
         for (int i = 0; i < per; i++) reverse(scores + (size_t)i * (size_t)n_all + n, len);
         n += len;
         a = ctx->rows[first].parent;
@@ -412,7 +421,11 @@ static void attention_worker(void *arg, int thread, int n_threads) {
      * once, not once per row and thread */
     int64_t begin, end, n = ctx->n_rows;
     lp_split_range(n * n_kv, thread, n_threads, 1, &begin, &end);
-    for (int64_t i = begin; i < end; i++) attend_group(ctx, task->layer, (int)(i % n), (int)(i / n), scores);
+    for (int64_t i = begin; i < end; i++) {
+        int r = (int)(i % n), g = (int)(i / n);
+        attend_group(ctx, task->layer, r, g, scores);
+        if (ctx->rows[r].commit) lp_kv_store_row(ctx, r, task->layer, g);
+    }
 }
 
 /* ---- adapters ------------------------------------------------------------------------------ */
@@ -588,9 +601,13 @@ static void qkv_finish_row(const rows_task *t, int r) {
         ctx->kern.round_f16(k, kv_dim);
         ctx->kern.round_f16(t->v_new + r * kv_dim, kv_dim);
     }
-    /* the batch's keys transposed, as the cache's blocks hold them */
-    int64_t rows = ctx->params.max_rows;
-    for (int64_t i = 0; i < kv_dim; i++) ctx->k_new_t[i * rows + r] = k[i];
+    /* the batch's keys transposed, as the cache's blocks hold them, where
+     * attention reads runs of them (with 8 decode streams the rows'
+     * columns share cache lines between the threads: 0.5 ms a step) */
+    if (ctx->batch_has_runs) {
+        int64_t rows = ctx->params.max_rows;
+        for (int64_t i = 0; i < kv_dim; i++) ctx->k_new_t[i * rows + r] = k[i];
+    }
 }
 
 static void row_step_one(const rows_task *t, int r) {
@@ -740,6 +757,14 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
     int64_t dim = hp->dim;
     memcpy(ctx->rows, rows, (size_t)n_rows * sizeof *rows);
     ctx->n_rows = n_rows;
+    ctx->batch_has_runs = false;
+    for (int r = 1; r < n_rows; r++) ctx->batch_has_runs |= rows[r].parent == r - 1;
+    /* committed rows' places in the cache, in row order per sequence; their
+     * keys and values go in as attention finishes with them (layer by
+     * layer, while those cache lines are at hand), and count at the end */
+    memset(ctx->commit_count, 0, (size_t)ctx->params.max_sequences * sizeof(int));
+    for (int r = 0; r < n_rows; r++)
+        if (rows[r].commit) lp_kv_reserve_row(ctx, r, ctx->seqs[rows[r].seq].length + ctx->commit_count[rows[r].seq]++);
 
     for (int r = 0; r < n_rows; r++)
         lp_weight_dequantize_row(&m->tok_embd, rows[r].token, ctx->x + r * dim);
@@ -760,7 +785,7 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
         matmul(ctx, &m->output, ctx->logit_in, dim, ctx->logits, hp->n_vocab, n_logits);
 
     for (int r = 0; r < n_rows; r++)
-        if (rows[r].commit) lp_kv_append_row(ctx, r);
+        if (rows[r].commit) lp_kv_finish_row(ctx, r);
     return 0;
 }
 

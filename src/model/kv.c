@@ -70,11 +70,11 @@ int lp_kv_blocks_needed(const lp_context *ctx, int seq, int n) {
     return needed + (n + bt - 1) / bt;
 }
 
-void lp_kv_append_row(lp_context *ctx, int r) {
+void lp_kv_reserve_row(lp_context *ctx, int r, int pos) {
     lp_kv_cache *kv = &ctx->kv;
     const lp_hparams *hp = &ctx->model->hp;
     lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
-    int bt = kv->block_tokens, slot = s->length % bt, bi = s->length / bt;
+    int bt = kv->block_tokens, slot = pos % bt, bi = pos / bt;
     if (slot == 0) {
         s->blocks[bi] = block_alloc(kv);
     } else if (kv->refcount[s->blocks[bi]] > 1) {
@@ -89,19 +89,32 @@ void lp_kv_append_row(lp_context *ctx, int r) {
         block_release(kv, old);
         s->blocks[bi] = fresh;
     }
-    int block = s->blocks[bi];
-    size_t kv_dim = (size_t)hp->n_kv_heads * (size_t)hp->head_dim;
-    for (int l = 0; l < hp->n_layers; l++) {
-        const float *k = ctx->k_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
-        const float *v = ctx->v_new + ((size_t)l * (size_t)ctx->params.max_rows + (size_t)r) * kv_dim;
-        for (int h = 0; h < hp->n_kv_heads; h++) {
-            kv_store_key(ctx, lp_kv_keys(kv, block, l, h), slot, k + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
-            kv_store(ctx, lp_kv_value(kv, block, l, h, slot), v + (size_t)h * (size_t)hp->head_dim, hp->head_dim);
-        }
-    }
+    ctx->commit_block[r] = s->blocks[bi];
+    ctx->commit_slot[r] = slot;
+}
+
+void lp_kv_store_row(const lp_context *ctx, int r, int layer, int head) {
+    const lp_kv_cache *kv = &ctx->kv;
+    int d = ctx->model->hp.head_dim, block = ctx->commit_block[r];
+    size_t at = ((size_t)layer * (size_t)ctx->params.max_rows + (size_t)r) * (size_t)kv->n_kv_heads * (size_t)d +
+                (size_t)head * (size_t)d;
+    kv_store_key(ctx, lp_kv_keys(kv, block, layer, head), ctx->commit_slot[r], ctx->k_new + at, d);
+    kv_store(ctx, lp_kv_value(kv, block, layer, head, ctx->commit_slot[r]), ctx->v_new + at, d);
+}
+
+void lp_kv_finish_row(lp_context *ctx, int r) {
+    lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
     s->tokens[s->length] = ctx->rows[r].token;
     s->tags[s->length] = ctx->slots[ctx->rows[r].adapter].tag;
     s->length++;
+}
+
+void lp_kv_append_row(lp_context *ctx, int r) {
+    const lp_hparams *hp = &ctx->model->hp;
+    lp_kv_reserve_row(ctx, r, ctx->seqs[ctx->rows[r].seq].length);
+    for (int l = 0; l < hp->n_layers; l++)
+        for (int h = 0; h < hp->n_kv_heads; h++) lp_kv_store_row(ctx, r, l, h);
+    lp_kv_finish_row(ctx, r);
 }
 
 /* ---- public sequence API ------------------------------------------------------- */

@@ -313,9 +313,8 @@ void lp_t_rmsnorm(float *y, float *rstd, const float *x, const float *w, int N, 
                   float eps) {
     for (int r = 0; r < N; r++) {
         const float *xr = x + (size_t)r * n;
-        double ss = 0;
-        for (int i = 0; i < n; i++) ss += (double)xr[i] * (double)xr[i];
         /* the runtime's formula (lp_rmsnorm), so exported models agree */
+        double ss = lp_sum_squares(xr, n);
         float s = 1.0f / sqrtf((float)(ss / (double)n) + eps);
         rstd[r] = s;
         for (int i = 0; i < n; i++) y[(size_t)r * n + i] = xr[i] * s * w[i];
