@@ -365,11 +365,12 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     int n_all = s->length;
     for (int a = r; a >= 0; a = ctx->rows[a].parent) n_all++;
     int bt = kv->block_tokens;
-    size_t key_block_bytes = (size_t)bt * (size_t)d * kv->elem_bytes;
+    size_t block_bytes = (size_t)bt * (size_t)d * kv->elem_bytes;
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
         const void *kt = lp_kv_keys(kv, s->blocks[t / bt], layer, g);
-        if (t + bt < s->length) prefetch(lp_kv_keys(kv, s->blocks[t / bt + 1], layer, g), key_block_bytes);
+        if (t + bt < s->length) prefetch(lp_kv_keys(kv, s->blocks[t / bt + 1], layer, g), block_bytes);
+        prefetch(lp_kv_value(kv, s->blocks[t / bt], layer, g, 0), (size_t)nk * (size_t)d * kv->elem_bytes);
         ctx->kern.attn_scores(q, d, per, kt, kv->f16, bt, nk, d, scale, scores + t, n_all);
     }
     /* The chain nearest first, in runs of consecutive rows (a prefill chain
