@@ -103,6 +103,15 @@ static int compare_desc(const void *a, const void *b, void *ctx) {
 /* Logits scanned per step of select_top's filter. */
 #define TOP_SCAN 16
 
+/* Whether any of TOP_SCAN logits is above bar (or NaN). Not inlined:
+ * inlined, GCC 12 unrolls the loop into 16 scalar compares instead of
+ * vectorizing it. */
+__attribute__((noinline)) static int any_above(const float *x, float bar) {
+    int above = 0;
+    for (int i = 0; i < TOP_SCAN; i++) above |= !(x[i] <= bar);
+    return above;
+}
+
 /* Puts the k best ids of x first in s->order (sorted, ties by id). */
 static int select_top(lp_sampler *s, const float *x, int k) {
     int n = s->n_vocab;
@@ -119,12 +128,7 @@ static int select_top(lp_sampler *s, const float *x, int k) {
     int have = 0;
     for (int i0 = 0; i0 < n; i0 += TOP_SCAN) {
         int i1 = n - i0 < TOP_SCAN ? n : i0 + TOP_SCAN;
-        if (have == k && i1 - i0 == TOP_SCAN) {
-            const float bar = x[s->order[k - 1]];
-            int above = 0;
-            for (int i = 0; i < TOP_SCAN; i++) above |= !(x[i0 + i] <= bar); /* NaN counts */
-            if (!above) continue;
-        }
+        if (have == k && i1 - i0 == TOP_SCAN && !any_above(x + i0, x[s->order[k - 1]])) continue;
         for (int i = i0; i < i1; i++) {
             float v = x[i];
             if (have == k && v <= x[s->order[k - 1]]) continue;
