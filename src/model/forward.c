@@ -331,9 +331,10 @@ static int chain_run(const lp_context *ctx, int a) {
     return len;
 }
 
-/* A block's keys are one short stream of their own (a block is a page,
- * where the hardware prefetchers stop): fetched while the block before
- * them is scored. */
+/* A block's keys, and its values, are short streams of their own (4 KiB
+ * each at head dim 64: the hardware prefetchers stop at page ends), so
+ * attention fetches the next block's keys while it scores one, and the
+ * values the mix will read. */
 static void prefetch(const void *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
 }
