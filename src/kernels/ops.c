@@ -21,7 +21,7 @@ void lp_to_f16(uint16_t *dst, const float *src, int64_t n) {
     for (int64_t i = 0; i < n; i++) dst[i] = lp_f32_to_f16(src[i]);
 }
 
-/* Row j of a K or V run as floats: f32 rows in place, f16 rows converted
+/* Row j of a V run as floats: f32 rows in place, f16 rows converted
  * (exactly) into buf (d <= LP_HEAD_DIM_MAX), once for all the heads that
  * read it. */
 static const float *kv_row(const void *base, int64_t j, int64_t stride, bool f16, int64_t d, float *buf) {
@@ -47,11 +47,9 @@ void lp_attn_scores(const float *q, int64_t q_stride, int nq, const void *kt, bo
         }
 }
 
-/* lp_axpy on the V rows as floats: the same operations on the same values,
- * whatever the storage. */
-
-/* Rows j in order for every head: each output still sums its terms in row
- * order, as one lp_axpy per row would. */
+/* lp_axpy on the V rows as floats (the same operations on the same values,
+ * whatever the storage), rows j in order for every head: each output sums
+ * its terms in row order, as one lp_axpy per row would. */
 void lp_attn_mix(float *out, int64_t out_stride, int nq, const float *p, int64_t p_stride, const void *v, bool v_f16,
                  int64_t v_stride, int nk, int64_t d) {
     float buf[LP_HEAD_DIM_MAX];
