@@ -5,7 +5,6 @@
 
 #if defined(__x86_64__)
 #include <immintrin.h>
-#include <math.h>
 
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
@@ -140,8 +139,8 @@ AVX2 INLINE void scores_t16(const float *q, int64_t q_stride, int HN, const void
     }
 }
 
-/* Keys in runs of 16 (4 heads at a time); the last few keys one by one
- * with fmaf, which is the same fused operation per element. */
+/* Keys in runs of 16 (4 heads at a time); the last few keys by the
+ * reference, whose fmaf is the same fused operation per element. */
 AVX2 INLINE void scores_t_all(const float *q, int64_t q_stride, int nq, const void *kt, bool f16, int64_t kt_stride,
                               int nk, int64_t d, float scale, float *s, int64_t s_stride) {
     int j = 0;
@@ -152,16 +151,10 @@ AVX2 INLINE void scores_t_all(const float *q, int64_t q_stride, int nq, const vo
         for (; h < nq; h++)
             scores_t16(q + h * q_stride, q_stride, 1, kt, f16, kt_stride, j, d, scale, s + h * s_stride, s_stride);
     }
-    for (; j < nk; j++)
-        for (int h = 0; h < nq; h++) {
-            float acc = 0.0f;
-            for (int64_t c = 0; c < d; c++) {
-                int64_t at = c * kt_stride + j;
-                float kc = f16 ? lp_f16_to_f32(((const uint16_t *)kt)[at]) : ((const float *)kt)[at];
-                acc = fmaf(q[h * q_stride + c], kc, acc);
-            }
-            s[h * s_stride + j] = acc * scale;
-        }
+    if (j < nk) {
+        const void *tail = f16 ? (const void *)((const uint16_t *)kt + j) : (const void *)((const float *)kt + j);
+        lp_attn_scores(q, q_stride, nq, tail, f16, kt_stride, nk - j, d, scale, s + j, s_stride);
+    }
 }
 
 AVX2 void lp_attn_scores_avx2(const float *q, int64_t q_stride, int nq, const void *kt, bool k_f16, int64_t kt_stride,
