@@ -9,6 +9,7 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
+/* 8 floats from element i of a row stored as f32 or f16 (converted exactly). */
 AVX2 INLINE __m256 load_w(const void *row, int64_t i, bool f16) {
     if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)row + i)));
     return _mm256_loadu_ps((const float *)row + i);
@@ -74,28 +75,20 @@ AVX2 void lp_f16_to_f32_row_avx2(const uint16_t *src, float *dst, int64_t n) {
     for (; i < n; i++) dst[i] = lp_f16_to_f32(src[i]);
 }
 
-/* 8 elements of b from i, stored as f32 or f16 (converted exactly). */
-AVX2 INLINE __m256 load_b8(const void *b, int64_t i, bool f16) {
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)b + i)));
-    return _mm256_loadu_ps((const float *)b + i);
-}
-
-AVX2 INLINE float dot_avx2(const float *a, const void *b, int64_t n, bool f16) {
+AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) {
     __m256 s0 = _mm256_setzero_ps(), s1 = s0, s2 = s0, s3 = s0;
     int64_t i = 0;
     for (; i + 32 <= n; i += 32) {
-        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_b8(b, i, f16), s0);
-        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), load_b8(b, i + 8, f16), s1);
-        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), load_b8(b, i + 16, f16), s2);
-        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), load_b8(b, i + 24, f16), s3);
+        s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
+        s1 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 8), _mm256_loadu_ps(b + i + 8), s1);
+        s2 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 16), _mm256_loadu_ps(b + i + 16), s2);
+        s3 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i + 24), _mm256_loadu_ps(b + i + 24), s3);
     }
-    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), load_b8(b, i, f16), s0);
+    for (; i + 8 <= n; i += 8) s0 = _mm256_fmadd_ps(_mm256_loadu_ps(a + i), _mm256_loadu_ps(b + i), s0);
     float s = hsum(_mm256_add_ps(_mm256_add_ps(s0, s1), _mm256_add_ps(s2, s3)));
-    for (; i < n; i++) s += a[i] * (f16 ? lp_f16_to_f32(((const uint16_t *)b)[i]) : ((const float *)b)[i]);
+    for (; i < n; i++) s += a[i] * b[i];
     return s;
 }
-
-AVX2 float lp_dot_f32_avx2(const float *a, const float *b, int64_t n) { return dot_avx2(a, b, n, false); }
 
 /* F16C rounds to nearest even, as lp_f32_to_f16 does: the same bits. */
 AVX2 void lp_round_f16_avx2(float *x, int64_t n) {
@@ -112,12 +105,6 @@ AVX2 void lp_to_f16_avx2(uint16_t *dst, const float *src, int64_t n) {
     for (; i < n; i++) dst[i] = lp_f32_to_f16(src[i]);
 }
 
-/* Element c of keys j..j+7 (transposed storage, f32 or f16). */
-AVX2 INLINE __m256 load_keys8(const void *kt, int64_t at, bool f16) {
-    if (f16) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)((const uint16_t *)kt + at)));
-    return _mm256_loadu_ps((const float *)kt + at);
-}
-
 /* Heads [h, h + HN) (HN a constant where inlined) against keys [j, j + 16):
  * 2 HN chains, lanes across keys, one fma per element as the reference. */
 AVX2 INLINE void scores_t16(const float *q, int64_t q_stride, int HN, const void *kt, bool f16, int64_t kt_stride,
@@ -125,7 +112,8 @@ AVX2 INLINE void scores_t16(const float *q, int64_t q_stride, int HN, const void
     __m256 acc[4][2];
     for (int h = 0; h < HN; h++) acc[h][0] = acc[h][1] = _mm256_setzero_ps();
     for (int64_t c = 0; c < d; c++) {
-        __m256 k0 = load_keys8(kt, c * kt_stride + j, f16), k1 = load_keys8(kt, c * kt_stride + j + 8, f16);
+        /* element c of keys j..j+15 (transposed storage) */
+        __m256 k0 = load_w(kt, c * kt_stride + j, f16), k1 = load_w(kt, c * kt_stride + j + 8, f16);
         for (int h = 0; h < HN; h++) {
             __m256 qv = _mm256_broadcast_ss(q + h * q_stride + c);
             acc[h][0] = _mm256_fmadd_ps(qv, k0, acc[h][0]);

@@ -112,13 +112,6 @@ AVX512 float lp_dot_f32_avx512(const float *a, const float *b, int64_t n) { retu
 /* Element e of a V row stream (f32 or f16 elements) as bytes. */
 #define KV_AT(base, e, f16) ((const char *)(base) + (e) * ((f16) ? 2 : 4))
 
-/* Element c of keys j..j+15 (transposed storage; lanes past the mask
- * read as 0 and are never stored). */
-AVX512 INLINE __m512 load_keys16(const void *kt, int64_t at, __mmask16 m, bool f16) {
-    if (f16) return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, (const uint16_t *)kt + at));
-    return _mm512_maskz_loadu_ps(m, (const float *)kt + at);
-}
-
 /* Heads [0, HN) (HN a constant where inlined, so the accumulators stay in
  * registers) against KV vectors (1 or 2) of 16 keys from key j, n keys in
  * all: 8 heads x 2 vectors are 16 independent fma chains, lanes across
@@ -135,7 +128,9 @@ AVX512 INLINE void scores_t(const float *q, int64_t q_stride, int HN, int KV, co
         for (int v = 0; v < KV; v++) acc[h][v] = _mm512_setzero_ps();
     for (int64_t c = 0; c < d; c++) {
         __m512 kv[2];
-        for (int v = 0; v < KV; v++) kv[v] = load_keys16(kt, c * kt_stride + j + 16 * v, m[v], f16);
+        /* element c of keys j + 16v.. (transposed storage; lanes past the
+         * mask read as 0 and are never stored) */
+        for (int v = 0; v < KV; v++) kv[v] = load_w_masked(kt, c * kt_stride + j + 16 * v, m[v], f16);
         for (int h = 0; h < HN; h++) {
             __m512 qv = _mm512_set1_ps(q[h * q_stride + c]);
             for (int v = 0; v < KV; v++) acc[h][v] = _mm512_fmadd_ps(qv, kv[v], acc[h][v]);
