@@ -630,18 +630,20 @@ static void test_matmul_tasks(void) {
 }
 
 /* The panel claims behind every threaded pass: each panel exactly once,
- * owners front to back in whole 4-panel tiles, and a thread whose share
- * is done takes the back half of another's (here thread 0 drains its own
- * share, then everyone else's, as if the others were descheduled). */
+ * owners front to back in whole 4-panel tiles (a share's last tile by
+ * single panels with tail unit 1), and a thread whose share is done takes
+ * the back half of another's (scenario 0: thread 0 drains its own share,
+ * then everyone else's, as if the others were descheduled). */
 static void test_panel_claims(void) {
     static lp_panel_claims c;
     const int64_t total = 103;
     int seen[103];
-    for (int scenario = 0; scenario < 2; scenario++) {
+    for (int run = 0; run < 4; run++) {
+        int scenario = run % 2, tail = run < 2 ? 4 : 1;
         memset(seen, 0, sizeof seen);
-        lp_claims_init(&c, total, 3);
+        lp_claims_init(&c, total, 3, tail);
         int64_t p0, p1, own_end, last_own[3] = {-1, -1, -1};
-        int claims = 0, stolen = 0;
+        int claims = 0, stolen = 0, single = 0;
         bool any = true;
         while (any) {
             any = false;
@@ -651,8 +653,13 @@ static void test_panel_claims(void) {
                 any = true;
                 claims++;
                 CHECK(p0 >= 0 && p0 < p1 && p1 <= own_end && own_end <= total);
-                CHECK_MSG(p0 % 4 == 0, "claim [%lld, %lld) does not start on a 4-panel tile", (long long)p0,
-                          (long long)p1);
+                if (tail == 4)
+                    CHECK_MSG(p0 % 4 == 0, "claim [%lld, %lld) does not start on a 4-panel tile", (long long)p0,
+                              (long long)p1);
+                else if (p0 % 4 != 0 || p1 - p0 < 4)
+                    CHECK_MSG(p1 - p0 <= 2 && p1 - (p0 & ~(int64_t)3) <= 4,
+                              "claim [%lld, %lld) is more than half of a last tile", (long long)p0, (long long)p1);
+                single += p1 - p0 == 1;
                 int64_t share_b, share_e;
                 lp_split_range(total, t, 3, 4, &share_b, &share_e);
                 if (p0 >= share_b && p1 <= share_e) {
@@ -676,11 +683,13 @@ static void test_panel_claims(void) {
         }
         int once = 0;
         for (int64_t p = 0; p < total; p++) once += seen[p] == 1;
-        CHECK_MSG(once == total, "scenario %d: %d of %lld panels claimed exactly once", scenario, once,
-                  (long long)total);
+        CHECK_MSG(once == total, "scenario %d, tail %d: %d of %lld panels claimed exactly once", scenario, tail,
+                  once, (long long)total);
         if (scenario == 0) CHECK_MSG(stolen >= 2, "thread 0 alone stole %d times", stolen);
-        else CHECK(stolen == 0); /* even threads finish their own shares */
+        else if (tail == 4) CHECK(stolen == 0); /* even threads finish their own shares */
         CHECK(claims > 3);
+        /* every share ends in single panels (3 at least), or none does */
+        CHECK_MSG(tail == 1 ? single >= 3 : single == 0, "tail %d: %d single-panel claims", tail, single);
     }
 }
 

@@ -279,8 +279,9 @@ static unsigned long long pack_share(int64_t begin, int64_t end) {
     return (unsigned long long)begin | (unsigned long long)end << 32;
 }
 
-void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads) {
+void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads, int tail_unit) {
     c->threads = threads;
+    c->tail_unit = tail_unit == 1 ? 1 : 4;
     /* about 8 chunks per thread */
     c->chunk = (total_panels / (8 * threads) + 3) & ~(int64_t)3;
     if (c->chunk < 4) c->chunk = 4;
@@ -304,6 +305,7 @@ bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_
         if (n > c->chunk) n = c->chunk;
         if (n < 4) n = 4;
         if (n > e - b) n = e - b;
+        if (e - b <= 4) n = c->tail_unit < e - b ? c->tail_unit : e - b; /* the last tile */
         if (atomic_compare_exchange_weak_explicit(own, &v, pack_share(b + n, e), memory_order_relaxed,
                                                   memory_order_relaxed)) {
             *p0 = b;
@@ -312,8 +314,8 @@ bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_
             return true;
         }
     }
-    /* the back half (whole 4-panel tiles) of another share, or all of a
-     * last tile */
+    /* the back half (whole 4-panel tiles) of another share, or of a last
+     * tile (all of it unless claimed by single panels) */
     for (int k = 1; k < c->threads; k++) {
         atomic_ullong *other = &c->share[(ti + k) % c->threads];
         v = atomic_load_explicit(other, memory_order_relaxed);
@@ -322,6 +324,7 @@ bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_
             if (b >= e) break;
             int64_t keep = ((e - b) / 2 + 3) & ~(int64_t)3;
             if (keep >= e - b) keep = 0;
+            if (e - b <= 4 && c->tail_unit == 1) keep = (e - b) / 2;
             if (atomic_compare_exchange_weak_explicit(other, &v, pack_share(b, b + keep), memory_order_relaxed,
                                                       memory_order_relaxed)) {
                 *p0 = b + keep;
@@ -419,7 +422,13 @@ static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_
         place_pairs(k, job);
         /* Quantizing one or two rows is quicker than a pool round trip. */
         lp_threadpool_run(job->nb >= 4 ? gemm_pool : NULL, quant_worker, job);
-        lp_claims_init(&job->claims, job->total_panels, lp_threadpool_size(gemm_pool));
+        /* Decode rows finish each pass by single panels: whoever is done
+         * first waits for the other's last claim, and a 4-panel tile of a
+         * 5632-column matrix is 200 KiB, 13 us at a thread's share of the
+         * bandwidth (1-row decode, 2 threads: the threads' finishing times
+         * 2.9-3.2 -> 1.6-2.2 us apart on average). Larger batches keep
+         * whole tiles, which their kernels need to be fast. */
+        lp_claims_init(&job->claims, job->total_panels, lp_threadpool_size(gemm_pool), job->nb <= 3 ? 1 : 4);
         lp_threadpool_run(gemm_pool, gemm_worker, job);
     }
 }

@@ -165,18 +165,20 @@ bool lp_amx_available(void);
  * (intmatmul.c). Each thread owns a contiguous share, [begin, end) packed
  * as begin | end << 32, and takes it front to back in chunks that shrink
  * as it drains (half of what is left, at most `chunk`, whole 4-panel
- * decode tiles). A thread done with its share takes the back half of
- * what another has left, so a thread slowed by the OS or its memory
- * channel does not hold the others. Contiguous shares keep each thread's
- * reads one stream that its prefetches can run ahead in. */
+ * decode tiles; a share's last tile by `tail_unit` panels). A thread done
+ * with its share takes the back half of what another has left, so a
+ * thread slowed by the OS or its memory channel does not hold the others.
+ * Contiguous shares keep each thread's reads one stream that its
+ * prefetches can run ahead in. */
 typedef struct lp_panel_claims {
     atomic_ullong share[LP_THREADS_MAX];
     int64_t chunk;
     int threads;
+    int tail_unit;
 } lp_panel_claims;
 
-/* total_panels < 2^32, 1 <= threads <= LP_THREADS_MAX. */
-void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads);
+/* total_panels < 2^32, 1 <= threads <= LP_THREADS_MAX, tail_unit 1 or 4. */
+void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads, int tail_unit);
 /* The next panels [p0, p1) for thread ti, false when none are left
  * anywhere; *own_end: where the share the panels came from ends (the
  * thread may prefetch up to there). */
