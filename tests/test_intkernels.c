@@ -9,6 +9,7 @@
 #include "kernels/kernels.h"
 #include "kernels/kernels_internal.h"
 
+#include <float.h>
 #include <math.h>
 #include <stdlib.h>
 #include <string.h>
@@ -459,7 +460,8 @@ static void test_matmul(void) {
 }
 
 /* The SIMD activation quantizers give the reference's bits, also for
- * zeros, huge values, infinities and NaN. */
+ * zeros, huge values, infinities and NaN, at widths that are whole blocks
+ * of 16 groups (the AVX-512 one's fast path) and that leave a remainder. */
 static void test_quantize_act(void) {
 #if defined(__x86_64__)
     lp_cpu_features cpu;
@@ -468,7 +470,7 @@ static void test_quantize_act(void) {
     if (!(cpu.avx2 && cpu.fma && cpu.f16c)) return;
     lp_rng rng;
     lp_rng_seed(&rng, 21);
-    enum { COLS = 512 };
+    enum { COLS = 800 }; /* 25 groups of 32 */
     float x[COLS];
     int8_t q[3][COLS];
     float d[3][COLS / 32];
@@ -483,16 +485,17 @@ static void test_quantize_act(void) {
         if (trial % 4 == 1) x[lp_rng_u64(&rng) % COLS] = NAN;
         if (trial % 4 == 2) x[lp_rng_u64(&rng) % COLS] = -INFINITY;
         if (trial % 4 == 3) x[lp_rng_u64(&rng) % COLS] = 3e38f;
+        if (trial % 8 == 5) x[lp_rng_u64(&rng) % COLS] = FLT_MAX; /* the largest finite amax */
         if (trial % 5 == 0)
             for (int i = 32; i < 64; i++) x[i] = 0.0f;
         for (int i = 0; i < COLS; i += 37) x[i] = (float)(i % 5) * 0.5f; /* ties after scaling */
         for (int gi = 0; gi < 4; gi++) {
             int group = groups[gi];
-            int ng = COLS / group;
+            int cols = trial % 2 && group == 32 ? COLS : 512, ng = cols / group;
             for (int v = 0; v < n_quantizers; v++) {
                 memset(q[v], 0x55, sizeof q[v]);
-                quantizers[v](x, COLS, group, 8, q[v], d[v], corr[v]);
-                bad += memcmp(q[0], q[v], COLS) != 0 || memcmp(d[0], d[v], (size_t)ng * sizeof(float)) != 0 ||
+                quantizers[v](x, cols, group, 8, q[v], d[v], corr[v]);
+                bad += memcmp(q[0], q[v], (size_t)cols) != 0 || memcmp(d[0], d[v], (size_t)ng * sizeof(float)) != 0 ||
                        memcmp(corr[0], corr[v], (size_t)ng * sizeof(int32_t)) != 0;
             }
         }
