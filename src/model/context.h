@@ -57,6 +57,8 @@ struct lp_context {
     float *k_new_t;    /* [kv_heads][head_dim][rows] this layer's k_new transposed, for
                         * attention over runs of rows (batch_has_runs) */
     bool batch_has_runs; /* some row's parent is the row before it */
+    int *chain_len;    /* [rows] rows in a row's chain of parents, itself included */
+    int *run_len;      /* [rows] consecutive rows ending at a row, each the parent of the next */
     float *v_new;      /* [layers][rows][kv_dim] */
     float *gate, *up;  /* [rows][ffn_dim]; fused gate|up: gate is [rows][2 ffn_dim] */
     float *rope_cos, *rope_sin; /* [rows][head_dim/2] */

@@ -181,6 +181,8 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->commit_count = plan_alloc((size_t)ctx->params.max_sequences, sizeof(int), &ok);
     ctx->commit_block = plan_alloc(rows, sizeof(int), &ok);
     ctx->commit_slot = plan_alloc(rows, sizeof(int), &ok);
+    ctx->chain_len = plan_alloc(rows, sizeof(int), &ok);
+    ctx->run_len = plan_alloc(rows, sizeof(int), &ok);
     size_t widest = wide > (size_t)hp->ffn_dim ? wide : (size_t)hp->ffn_dim;
     ctx->max_rank = ctx->params.max_adapter_rank;
     ctx->slots = plan_alloc((size_t)ctx->params.max_adapters + 1, sizeof(lp_slot), &ok);
@@ -225,9 +227,9 @@ void lp_context_free(lp_context *ctx) {
     lp_free(ctx->seqs);
     void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->k_new_t, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
-                    ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->commit_block, ctx->commit_slot, ctx->slots,
-                    ctx->group_rows, ctx->group_start, ctx->lora_x, ctx->lora_t, ctx->lora_y,
-                    ctx->lora_batch};
+                    ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->commit_block, ctx->commit_slot,
+                    ctx->chain_len, ctx->run_len, ctx->slots, ctx->group_rows, ctx->group_start, ctx->lora_x,
+                    ctx->lora_t, ctx->lora_y, ctx->lora_batch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(bufs[i]);
     free(ctx);
 }
@@ -323,14 +325,6 @@ typedef struct attention_task {
     int layer;
 } attention_task;
 
-/* How many rows the chain from row a walks through consecutively: a,
- * a - 1, ... while each row's parent is the row just before it. */
-static int chain_run(const lp_context *ctx, int a) {
-    int len = 1;
-    while (a - len + 1 > 0 && ctx->rows[a - len + 1].parent == a - len) len++;
-    return len;
-}
-
 /* A block's keys, and its values, are short streams of their own (4 KiB
  * each at head dim 64: the hardware prefetchers stop at page ends), so
  * attention fetches the next block's keys while it scores one, and the
@@ -363,8 +357,7 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     const float *k_batch_t = ctx->k_new_t + (size_t)g * (size_t)d * rows;
     const float *v_batch = ctx->v_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
     /* scores of head h0 + i at scores[i * n_all ...]: committed, then chain */
-    int n_all = s->length;
-    for (int a = r; a >= 0; a = ctx->rows[a].parent) n_all++;
+    int n_all = s->length + ctx->chain_len[r];
     int bt = kv->block_tokens;
     size_t block_bytes = (size_t)bt * (size_t)d * kv->elem_bytes;
     for (int t = 0; t < s->length; t += bt) {
@@ -379,7 +372,7 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
      * around, so a row's terms keep one order however its chain is batched. */
     int n = s->length;
     for (int a = r; a >= 0;) {
-        int len = chain_run(ctx, a), first = a - len + 1;
+        int len = ctx->run_len[a], first = a - len + 1;
         /* one key is its own transpose (k_new_t is filled only for batches
          * with longer runs) */
         if (len == 1)
@@ -402,7 +395,7 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     }
     n = s->length;
     for (int a = r; a >= 0;) {
-        int len = chain_run(ctx, a);
+        int len = ctx->run_len[a];
         ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, false, -(int64_t)kv_dim, len,
                            d);
         n += len;
@@ -759,8 +752,15 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
     int64_t dim = hp->dim;
     memcpy(ctx->rows, rows, (size_t)n_rows * sizeof *rows);
     ctx->n_rows = n_rows;
+    /* chains and runs of parents, once per batch: walking them per row and
+     * head made attention over a prefill quadratic in its length */
     ctx->batch_has_runs = false;
-    for (int r = 1; r < n_rows; r++) ctx->batch_has_runs |= rows[r].parent == r - 1;
+    for (int r = 0; r < n_rows; r++) {
+        int parent = rows[r].parent;
+        ctx->chain_len[r] = parent >= 0 ? ctx->chain_len[parent] + 1 : 1;
+        ctx->run_len[r] = r > 0 && parent == r - 1 ? ctx->run_len[r - 1] + 1 : 1;
+        ctx->batch_has_runs |= ctx->run_len[r] > 1;
+    }
     /* committed rows' places in the cache, in row order per sequence; their
      * keys and values go in as attention finishes with them (layer by
      * layer, while those cache lines are at hand), and count at the end */
