@@ -19,6 +19,7 @@
 #include "kernels_internal.h"
 
 #if defined(__x86_64__)
+#include <float.h>
 #include <immintrin.h>
 #include <math.h>
 #include <string.h>
@@ -332,7 +333,7 @@ VNNI INLINE void quantize16_g32(const float *x, int offset, int8_t *q, float *d,
     __m512 amax = reduce16(m, false);
     /* id = 127 / amax for 0 < amax < inf, else 0; d = amax / 127 where id > 0 */
     __mmask16 ok = _mm512_cmp_ps_mask(amax, _mm512_setzero_ps(), _CMP_GT_OQ) &
-                   _mm512_cmp_ps_mask(amax, _mm512_set1_ps(3.402823466e38f), _CMP_LE_OQ);
+                   _mm512_cmp_ps_mask(amax, _mm512_set1_ps(FLT_MAX), _CMP_LE_OQ);
     __m512 id = _mm512_maskz_div_ps(ok, _mm512_set1_ps(127.0f), amax);
     __mmask16 pos = _mm512_cmp_ps_mask(id, _mm512_setzero_ps(), _CMP_GT_OQ);
     _mm512_storeu_ps(d, _mm512_maskz_div_ps(pos, amax, _mm512_set1_ps(127.0f)));
