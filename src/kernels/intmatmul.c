@@ -295,17 +295,31 @@ void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads, int t
 /* With every thread taking the next chunk of one shared counter instead,
  * 8 decode streams over a 2048 x 5632 W4 matrix (AMX, 2 threads, from
  * DRAM) ran at 18.6-19.3 GB/s against 22.2-22.7 (docs/benchmarks.md §4). */
+/* What an owner takes from the front of its share of `left` panels: half
+ * of them in whole tiles, at most `chunk`; the last tile by tail_unit. */
+static int64_t claim_size(const lp_panel_claims *c, int64_t left) {
+    if (left <= 4) return c->tail_unit < left ? c->tail_unit : left;
+    int64_t n = (left / 2 + 3) & ~(int64_t)3;
+    if (n > c->chunk) n = c->chunk;
+    return n < left ? n : left;
+}
+
+/* What a thief leaves of another share of `left` panels (it takes the
+ * rest, from the back): half in whole tiles; of a last tile, half by
+ * single panels or nothing. */
+static int64_t steal_keep(const lp_panel_claims *c, int64_t left) {
+    if (left <= 4) return c->tail_unit == 1 ? left / 2 : 0;
+    int64_t keep = (left / 2 + 3) & ~(int64_t)3;
+    return keep < left ? keep : 0;
+}
+
 bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_t *own_end) {
     atomic_ullong *own = &c->share[ti];
     unsigned long long v = atomic_load_explicit(own, memory_order_relaxed);
     for (;;) {
         int64_t b = (int64_t)(v & 0xffffffffu), e = (int64_t)(v >> 32);
         if (b >= e) break;
-        int64_t n = ((e - b) / 2 + 3) & ~(int64_t)3;
-        if (n > c->chunk) n = c->chunk;
-        if (n < 4) n = 4;
-        if (n > e - b) n = e - b;
-        if (e - b <= 4) n = c->tail_unit < e - b ? c->tail_unit : e - b; /* the last tile */
+        int64_t n = claim_size(c, e - b);
         if (atomic_compare_exchange_weak_explicit(own, &v, pack_share(b + n, e), memory_order_relaxed,
                                                   memory_order_relaxed)) {
             *p0 = b;
@@ -322,9 +336,7 @@ bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_
         for (;;) {
             int64_t b = (int64_t)(v & 0xffffffffu), e = (int64_t)(v >> 32);
             if (b >= e) break;
-            int64_t keep = ((e - b) / 2 + 3) & ~(int64_t)3;
-            if (keep >= e - b) keep = 0;
-            if (e - b <= 4 && c->tail_unit == 1) keep = (e - b) / 2;
+            int64_t keep = steal_keep(c, e - b);
             if (atomic_compare_exchange_weak_explicit(other, &v, pack_share(b, b + keep), memory_order_relaxed,
                                                       memory_order_relaxed)) {
                 *p0 = b + keep;
