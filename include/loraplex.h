@@ -47,8 +47,11 @@ typedef struct lp_model_params {
      * looks for tokenizer.bin next to the checkpoint. Ignored otherwise. */
     const char *tokenizer_path;
     /* GGUF Q4_0 / Q8_0 matrices are repacked losslessly at load into the
-     * integer kernels' layout (W4 / W8, group 32). true keeps the original
-     * layout (float kernels; for comparisons). K-quants always keep theirs. */
+     * integer kernels' layout (W4 / W8, group 32); other block types
+     * (K-quants, Q4_1, Q5_0, Q5_1) are requantized to W8 group 32, within
+     * an eighth of their own rounding step (an untied token embedding, read
+     * only row by row, keeps its type). true keeps every matrix as stored
+     * (float kernels on the exact values; for comparisons). */
     bool no_repack;
     /* Activations of the integer kernels: 0 = the model's choice (.lpx files
      * record it; int8 otherwise), 8 = int8 (W4A8 / W8A8), 32 = float
@@ -73,6 +76,10 @@ typedef struct lp_model_info {
     bool rope_neox, rope_freq_factors, tied_output;
     uint64_t n_params;
     uint64_t weight_bytes;    /* bytes of all weights as stored */
+    /* bytes of weights a decoded token streams: every matrix except an
+     * untied token embedding (one row of it is read), without the zero
+     * bytes that space packed panels apart (no kernel reads them) */
+    uint64_t decode_read_bytes;
     const char *tokenizer;    /* "spm" or "bpe" */
     const char *chat_format;  /* "llama3", "chatml", "llama2", "mistral", "none" */
 } lp_model_info;

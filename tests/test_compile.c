@@ -275,6 +275,91 @@ static void test_synth_archs(void) {
     }
 }
 
+/* GGUF K-quants and the other block types: requantized at load to W8 group
+ * 32 (the untied token embedding, read by rows, keeps its type), with
+ * logits next to the exact float path on the stored values. */
+static void test_gguf_requantized(void) {
+    const uint32_t types[4] = {LP_Q6_K, LP_Q4_K, LP_Q5_K, LP_Q4_1};
+    for (int k = 0; k < 4; k++) {
+        lp_error err;
+        const char *g = tmp("kq.gguf");
+        /* dims that hold whole 256-element K-quant blocks */
+        lp_synth_params p = {.arch = LP_ARCH_LLAMA, .dim = 256, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4,
+                             .head_dim = 32, .ffn_dim = 512, .n_ctx = 256, .rope_theta = 10000.0f,
+                             .rms_eps = 1e-6f, .weight_type = types[k], .embd_type = types[k], .seed = 11,
+                             .name = "kq"};
+        CHECK(lp_synth_write(&p, g, &err) == 0);
+        lp_model_params keep = {.no_repack = true};
+        lp_model *orig = lp_model_load(g, &keep, &err), *rep = lp_model_load(g, NULL, &err);
+        CHECK_MSG(orig && rep, "%s", err.message);
+        if (!orig || !rep) {
+            lp_model_free(orig);
+            lp_model_free(rep);
+            continue;
+        }
+        const char *name = lp_dtype_name(types[k]);
+        CHECK_MSG(orig->layers[1].w_down.type == types[k], "%s", name);
+        CHECK_MSG(rep->layers[1].w_down.type == LP_W8 && rep->layers[0].wq.type == LP_W8, "%s", name);
+        CHECK_MSG(rep->output.type == LP_W8 && rep->tok_embd.type == types[k], "%s", name);
+        CHECK(rep->n_repacked == 7 * 2 + 1);
+        /* every weight within half a W8 step (the group's max / 254) of
+         * the stored value, f16 scale rounding aside */
+        const lp_weight *wa = &orig->layers[1].w_down, *wb = &rep->layers[1].w_down;
+        float *ra = malloc((size_t)wa->cols * sizeof(float)), *rb = malloc((size_t)wa->cols * sizeof(float));
+        int bad = 0;
+        float worst = 0;
+        for (int64_t r = 0; r < wa->rows; r++) {
+            lp_weight_dequantize_row(wa, r, ra);
+            lp_weight_dequantize_row(wb, r, rb);
+            for (int64_t g0 = 0; g0 < wa->cols; g0 += 32) {
+                float amax = 0;
+                for (int i = 0; i < 32; i++) amax = fmaxf(amax, fabsf(ra[g0 + i]));
+                for (int i = 0; i < 32; i++) {
+                    float e = fabsf(ra[g0 + i] - rb[g0 + i]);
+                    if (amax > 0 && e / amax > worst) worst = e / amax;
+                    bad += e > amax / 254.0f * 1.01f + 1e-7f;
+                }
+            }
+        }
+        CHECK_MSG(bad == 0 && worst > 0, "%s: %d weights off by more than half a W8 step (worst %g of the max)",
+                  lp_dtype_name(types[k]), bad, worst);
+        free(ra);
+        free(rb);
+        int V = orig->hp.n_vocab;
+        float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+        int32_t t[6] = {1, 40, 50, 60, 70, 80};
+        CHECK(run_logits(orig, t, 6, 0, NULL, 0, a));
+        float top = 0;
+        for (int i = 0; i < V; i++) top = fabsf(a[i]) > top ? fabsf(a[i]) : top;
+        /* W8A16: only the requantization differs from the float path */
+        CHECK(run_logits(rep, t, 6, 0, NULL, 32, b));
+        float d16 = max_diff(a, b, V);
+        CHECK(run_logits(rep, t, 6, 0, NULL, 8, b));
+        float d8 = max_diff(a, b, V);
+        printf("GGUF %s requantized to W8: W8A16 vs float %g, W8A8 vs float %g (max |logit| %g)\n", name, d16,
+               d8, top);
+        /* random weights are the worst case (the Q4_0 test's own W4A8
+         * bound); the per-weight bound above is the tight one */
+        CHECK_MSG(d16 > 0 && d16 < 0.05f * top, "%s requantized W8A16 vs float path: %g", name, d16);
+        CHECK_MSG(d8 < 0.05f * top, "%s requantized W8A8 vs float path: %g", name, d8);
+        free(a);
+        free(b);
+        lp_model_free(orig);
+        lp_model_free(rep);
+    }
+    /* tied: the embedding is the classifier too, so it is requantized */
+    lp_error err;
+    lp_synth_params p = {.arch = LP_ARCH_LLAMA, .dim = 256, .n_layers = 1, .n_heads = 8, .n_kv_heads = 4,
+                         .head_dim = 32, .ffn_dim = 512, .n_ctx = 256, .rope_theta = 10000.0f, .rms_eps = 1e-6f,
+                         .tied_output = true, .weight_type = LP_Q6_K, .embd_type = LP_Q6_K, .seed = 12,
+                         .name = "kq-tied"};
+    CHECK(lp_synth_write(&p, tmp("kq-tied.gguf"), &err) == 0);
+    lp_model *m = lp_model_load(tmp("kq-tied.gguf"), NULL, &err);
+    CHECK_MSG(m != NULL, "%s", m ? "" : err.message);
+    if (m) CHECK(m->tied_output && m->output.type == LP_W8 && m->tok_embd.type == LP_W8);
+    lp_model_free(m);
+}
+
 /* GGUF Q4_0: repacked at load == the original layout (W4A16 ~1e-5, W4A8
  * loose); compiled q4 from it is bit-exact with the repacked load; --acts f32
  * is recorded and reaches the context. */
@@ -424,8 +509,10 @@ static void test_malformed(void) {
     uint8_t v[8];
     size_t e0 = LP_LPX_HEADER_BYTES; /* first table entry */
     expect_reject(img, size, 0, "LPX2", 4, "magic");
-    put64(v, 2);
+    put64(v, 3);
     expect_reject(img, size, 4, v, 4, "version");
+    put64(v, 1); /* panels without spacing */
+    expect_reject(img, size, 4, v, 4, "compile it again");
     put64(v, 0xFFFFFFFFFFFFFFC0ull);
     expect_reject(img, size, e0 + 32, v, 8, "outside");                      /* offset overflow */
     put64(v, get64(img + e0 + 32) + 8);
@@ -455,6 +542,7 @@ int main(void) {
     test_adapter_on_folded();
     test_synth_archs();
     test_gguf_q4_0();
+    test_gguf_requantized();
     test_malformed();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);

@@ -224,6 +224,9 @@ static void eval_usage(FILE *out) {
             "  -c, --ctx N          tokens per chunk (default 512); the second half of\n"
             "                       each chunk is scored, as llama.cpp's perplexity does\n"
             "      --chunks N       evaluate at most N chunks (default: all)\n"
+            "      --ref-no-repack  load a GGUF reference with every matrix as stored (float\n"
+            "                       kernels on the exact values): measures what repacking\n"
+            "                       and requantizing at load cost, e.g. --ref MODEL\n"
             "      --kv-f32         both sides keep the KV cache in f32 (default f16)\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --json           one JSON object instead of the table\n");
@@ -268,6 +271,7 @@ int cli_eval(int argc, char **argv) {
     char *adapter_spec = NULL, *ref_adapter_spec = NULL;
     eval_options o = {NULL, NULL, 512, 0, 0, false};
     bool json = false;
+    lp_model_params ref_params = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long v;
@@ -279,6 +283,8 @@ int cli_eval(int argc, char **argv) {
             json = true;
         } else if (!strcmp(a, "--kv-f32")) {
             o.kv_f32 = true;
+        } else if (!strcmp(a, "--ref-no-repack")) {
+            ref_params.no_repack = true;
         } else if (!has_value) {
             fprintf(stderr, "loraplex eval: unknown option or missing value: '%s' (see --help)\n", a);
             return 2;
@@ -316,7 +322,7 @@ int cli_eval(int argc, char **argv) {
     eval_result r;
     if (lp_read_file(text_path, &text, &len, (size_t)1 << 30, &err)) goto fail;
     if (!(model = lp_model_load(model_path, NULL, &err))) goto fail;
-    if (ref_path && !(ref = lp_model_load(ref_path, NULL, &err))) goto fail;
+    if (ref_path && !(ref = lp_model_load(ref_path, &ref_params, &err))) goto fail;
     if (ref_adapter_spec && !ref_path) {
         /* the same base on both sides, only the adapters differ */
         if (!(ref = lp_model_load(model_path, NULL, &err))) goto fail;

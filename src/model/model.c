@@ -118,7 +118,7 @@ static int gguf_vector(lp_model *m, const char *name, int64_t n, bool required,
 
 /* Q4_0 / Q8_0 rows -> LP_W4 / LP_W8 group 32 panels (lossless: same codes,
  * same f16 scales), so these files run on the integer kernels. Costs one
- * copy of the matrix at load; K-quants are not repacked (float kernels). */
+ * copy of the matrix at load. */
 static int repack_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
     uint32_t packed = w->type == LP_Q4_0 ? LP_W4 : LP_W8;
     size_t bytes = lp_pack_bytes(packed, w->rows, w->cols, 32);
@@ -133,8 +133,42 @@ static int repack_for_int_kernels(lp_model *m, const char *name, lp_weight *w, l
     return 0;
 }
 
+/* Other block types (K-quants, Q4_1, Q5_0, Q5_1) -> LP_W8 group 32, one
+ * panel of 16 rows at a time. Their codes do not map onto W4/W8 codes, and
+ * on the float kernels every block is decoded again on every token: the
+ * Q6_K classifier of a llama.cpp Q4_0 TinyLlama took 13 of its 31 ms per
+ * token. 8 bits per group of 32 hold their 4-6-bit levels to within an
+ * eighth of a level or less. */
+static int requantize_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
+    size_t panel_bytes = lp_pack_bytes(LP_W8, 16, w->cols, 32);
+    size_t bytes = lp_pack_bytes(LP_W8, w->rows, w->cols, 32);
+    if (bytes == 0 || panel_bytes == 0) return 0; /* shape the packer can't take: keep the GGUF layout */
+    uint8_t *dst = lp_model_own(m, bytes);
+    float *rows = malloc(16 * (size_t)w->cols * sizeof *rows);
+    if (!dst || !rows) {
+        free(rows);
+        return lp_fail(err, "%s: out of memory requantizing '%s'", m->path, name);
+    }
+    for (int64_t r0 = 0; r0 < w->rows; r0 += 16) {
+        int64_t n = w->rows - r0 < 16 ? w->rows - r0 : 16;
+        for (int64_t i = 0; i < n; i++)
+            lp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)(r0 + i) * w->row_bytes,
+                              rows + i * w->cols, w->cols);
+        if (lp_pack_weight_ex(LP_W8, 32, rows, n, w->cols, dst + (size_t)(r0 / 16) * panel_bytes, false) != 0) {
+            free(rows);
+            return lp_fail(err, "%s: cannot requantize '%s' (%s)", m->path, name, lp_dtype_name(w->type));
+        }
+    }
+    free(rows);
+    *w = lp_packed_weight(LP_W8, 32, w->rows, w->cols, dst);
+    m->n_repacked++;
+    return 0;
+}
+
+/* lookup_only: the matrix is only read a row at a time (an untied token
+ * embedding), so requantizing it would cost load time for nothing. */
 static int gguf_matrix(lp_model *m, const char *name, int64_t rows, int64_t cols,
-                       bool required, lp_weight *out, lp_error *err) {
+                       bool required, bool lookup_only, lp_weight *out, lp_error *err) {
     memset(out, 0, sizeof *out);
     const lp_gguf_tensor *t = lp_gguf_find_tensor(m->gguf, name);
     if (!t) {
@@ -155,9 +189,9 @@ static int gguf_matrix(lp_model *m, const char *name, int64_t rows, int64_t cols
     out->cols = cols;
     out->row_bytes = lp_dtype_row_bytes(t->type, (uint64_t)cols);
     out->data = t->data;
-    if ((t->type == LP_Q4_0 || t->type == LP_Q8_0) && !m->no_repack)
-        return repack_for_int_kernels(m, name, out, err);
-    return 0;
+    if (m->no_repack || info->block_elems == 1) return 0;
+    if (t->type == LP_Q4_0 || t->type == LP_Q8_0) return repack_for_int_kernels(m, name, out, err);
+    return lookup_only ? 0 : requantize_for_int_kernels(m, name, out, err);
 }
 
 /* Reads "{arch}.{suffix}" as u32 into *out; required keys fail when absent. */
@@ -231,8 +265,9 @@ int lp_model_load_gguf(lp_model *m, const char *path, lp_error *err) {
 
     int64_t dim = hp->dim, q_dim = (int64_t)hp->n_heads * hp->head_dim,
             kv_dim = (int64_t)hp->n_kv_heads * hp->head_dim;
-    if (gguf_matrix(m, "token_embd.weight", hp->n_vocab, dim, true, &m->tok_embd, err) ||
-        gguf_matrix(m, "output.weight", hp->n_vocab, dim, false, &m->output, err) ||
+    bool untied = lp_gguf_find_tensor(m->gguf, "output.weight") != NULL;
+    if (gguf_matrix(m, "token_embd.weight", hp->n_vocab, dim, true, untied, &m->tok_embd, err) ||
+        gguf_matrix(m, "output.weight", hp->n_vocab, dim, false, false, &m->output, err) ||
         gguf_vector(m, "output_norm.weight", dim, true, &m->output_norm, err))
         return -1;
     m->tied_output = m->output.data == NULL;
@@ -256,13 +291,13 @@ int lp_model_load_gguf(lp_model *m, const char *path, lp_error *err) {
         lp_layer *L = &m->layers[l];
         char n[96];
 #define T(suffix) (snprintf(n, sizeof n, "blk.%d." suffix, l), n)
-        if (gguf_matrix(m, T("attn_q.weight"), q_dim, dim, true, &L->wq, err) ||
-            gguf_matrix(m, T("attn_k.weight"), kv_dim, dim, true, &L->wk, err) ||
-            gguf_matrix(m, T("attn_v.weight"), kv_dim, dim, true, &L->wv, err) ||
-            gguf_matrix(m, T("attn_output.weight"), dim, q_dim, true, &L->wo, err) ||
-            gguf_matrix(m, T("ffn_gate.weight"), hp->ffn_dim, dim, true, &L->w_gate, err) ||
-            gguf_matrix(m, T("ffn_up.weight"), hp->ffn_dim, dim, true, &L->w_up, err) ||
-            gguf_matrix(m, T("ffn_down.weight"), dim, hp->ffn_dim, true, &L->w_down, err) ||
+        if (gguf_matrix(m, T("attn_q.weight"), q_dim, dim, true, false, &L->wq, err) ||
+            gguf_matrix(m, T("attn_k.weight"), kv_dim, dim, true, false, &L->wk, err) ||
+            gguf_matrix(m, T("attn_v.weight"), kv_dim, dim, true, false, &L->wv, err) ||
+            gguf_matrix(m, T("attn_output.weight"), dim, q_dim, true, false, &L->wo, err) ||
+            gguf_matrix(m, T("ffn_gate.weight"), hp->ffn_dim, dim, true, false, &L->w_gate, err) ||
+            gguf_matrix(m, T("ffn_up.weight"), hp->ffn_dim, dim, true, false, &L->w_up, err) ||
+            gguf_matrix(m, T("ffn_down.weight"), dim, hp->ffn_dim, true, false, &L->w_down, err) ||
             gguf_vector(m, T("attn_norm.weight"), dim, true, &L->attn_norm, err) ||
             gguf_vector(m, T("ffn_norm.weight"), dim, true, &L->ffn_norm, err) ||
             gguf_vector(m, T("attn_q.bias"), q_dim, hp->arch == LP_ARCH_QWEN2, &L->bq, err) ||
@@ -305,6 +340,10 @@ static uint64_t weight_bytes(const lp_weight *w) {
         return lp_pack_bytes(w->type, w->rows, w->cols, w->group);
     return (uint64_t)w->row_bytes * (uint64_t)w->rows;
 }
+static uint64_t weight_read_bytes(const lp_weight *w) {
+    if (lp_dtype_is_packed(w->type)) return lp_pack_read_bytes(w->type, w->rows, w->cols, w->group);
+    return (uint64_t)w->row_bytes * (uint64_t)w->rows;
+}
 
 void lp_model_foreach_weight(const lp_model *m,
                              void (*fn)(void *, const char *, const char *, int64_t, int64_t),
@@ -345,9 +384,11 @@ void lp_model_get_info(const lp_model *m, lp_model_info *info) {
     info->rope_freq_factors = m->has_freq_factors;
     info->tied_output = m->tied_output;
     uint64_t params = weight_params(&m->tok_embd), bytes = weight_bytes(&m->tok_embd);
+    uint64_t read = m->tied_output ? weight_read_bytes(&m->output) : 0;
     if (!m->tied_output) {
         params += weight_params(&m->output);
         bytes += weight_bytes(&m->output);
+        read += weight_read_bytes(&m->output);
     }
     for (int l = 0; l < hp->n_layers; l++) {
         const lp_layer *L = &m->layers[l];
@@ -355,11 +396,13 @@ void lp_model_get_info(const lp_model *m, lp_model_info *info) {
         for (int i = 0; i < 7; i++) {
             params += weight_params(ws[i]);
             bytes += weight_bytes(ws[i]);
+            read += weight_read_bytes(ws[i]);
         }
         params += 2 * (uint64_t)hp->dim;
     }
     info->n_params = params + (uint64_t)hp->dim;
     info->weight_bytes = bytes;
+    info->decode_read_bytes = read;
     info->tokenizer = lp_tokenizer_kind(m->tok) == LP_TOK_SPM ? "spm" : "bpe";
     info->chat_format = lp_chat_format_name(lp_tokenizer_chat_format(m->tok));
 }
