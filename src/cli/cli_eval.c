@@ -224,9 +224,11 @@ static void eval_usage(FILE *out) {
             "  -c, --ctx N          tokens per chunk (default 512); the second half of\n"
             "                       each chunk is scored, as llama.cpp's perplexity does\n"
             "      --chunks N       evaluate at most N chunks (default: all)\n"
-            "      --ref-no-repack  load a GGUF reference with every matrix as stored (float\n"
-            "                       kernels on the exact values): measures what repacking\n"
-            "                       and requantizing at load cost, e.g. --ref MODEL\n"
+            "      --no-repack      load a GGUF MODEL with every matrix as stored (float\n"
+            "                       kernels on the exact values; by default Q4_0/Q8_0 are\n"
+            "                       repacked losslessly and K-quants requantized to 8 bits)\n"
+            "      --ref-no-repack  the same for the reference: --ref MODEL --ref-no-repack\n"
+            "                       measures what loading MODEL for the integer kernels costs\n"
             "      --kv-f32         both sides keep the KV cache in f32 (default f16)\n"
             "  -t, --threads N      worker threads (default: all cores)\n"
             "      --json           one JSON object instead of the table\n");
@@ -271,7 +273,7 @@ int cli_eval(int argc, char **argv) {
     char *adapter_spec = NULL, *ref_adapter_spec = NULL;
     eval_options o = {NULL, NULL, 512, 0, 0, false};
     bool json = false;
-    lp_model_params ref_params = {0};
+    lp_model_params model_params = {0}, ref_params = {0};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
         long v;
@@ -283,6 +285,8 @@ int cli_eval(int argc, char **argv) {
             json = true;
         } else if (!strcmp(a, "--kv-f32")) {
             o.kv_f32 = true;
+        } else if (!strcmp(a, "--no-repack")) {
+            model_params.no_repack = true;
         } else if (!strcmp(a, "--ref-no-repack")) {
             ref_params.no_repack = true;
         } else if (!has_value) {
@@ -321,11 +325,11 @@ int cli_eval(int argc, char **argv) {
     lp_adapter *adapter = NULL, *ref_adapter = NULL;
     eval_result r;
     if (lp_read_file(text_path, &text, &len, (size_t)1 << 30, &err)) goto fail;
-    if (!(model = lp_model_load(model_path, NULL, &err))) goto fail;
+    if (!(model = lp_model_load(model_path, &model_params, &err))) goto fail;
     if (ref_path && !(ref = lp_model_load(ref_path, &ref_params, &err))) goto fail;
     if (ref_adapter_spec && !ref_path) {
         /* the same base on both sides, only the adapters differ */
-        if (!(ref = lp_model_load(model_path, NULL, &err))) goto fail;
+        if (!(ref = lp_model_load(model_path, &model_params, &err))) goto fail;
         ref_path = model_path;
     }
     if (adapter_spec && !(o.adapter = adapter = tool_load_adapter(model, adapter_spec, &err))) goto fail;
