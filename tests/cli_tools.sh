@@ -41,6 +41,15 @@ out=$("$bin" eval -m "$models/stories260K-lora-r4-merged.gguf" --ref "$m" -f "$t
 kl=$(printf '%s' "$out" | sed -n 's/.*"kl_mean":\([0-9.e+-]*\),.*/\1/p')
 if [ $rc -eq 0 ] && [ -n "$kl" ] && awk "BEGIN{exit !($kl > 0.001)}"; then ok
 else bad "eval merged: rc=$rc kl='$kl' $out $(cat "$work/err")"; fi
+# --no-repack / --ref-no-repack: a Q4_0 file on its stored values (float
+# kernels) matches itself exactly, and differs from its repacked integer load
+"$bin" quantize "$m" "$work/s-q4_0.gguf" --type q4_0 >/dev/null 2>"$work/err" || bad "quantize q4_0: $(cat "$work/err")"
+out=$("$bin" eval -m "$work/s-q4_0.gguf" --no-repack --ref "$work/s-q4_0.gguf" --ref-no-repack -f "$text" -c 32 --json 2>"$work/err")
+printf '%s' "$out" | grep -q '"kl_mean":0,' && ok || bad "eval no-repack both sides: $out $(cat "$work/err")"
+out=$("$bin" eval -m "$work/s-q4_0.gguf" --ref "$work/s-q4_0.gguf" --ref-no-repack -f "$text" -c 32 --json 2>"$work/err")
+kl=$(printf '%s' "$out" | sed -n 's/.*"kl_mean":\([0-9.e+-]*\),.*/\1/p')
+if [ -n "$kl" ] && awk "BEGIN{exit !($kl > 0 && $kl < 0.05)}"; then ok
+else bad "eval repacked vs stored: kl='$kl' $out $(cat "$work/err")"; fi
 # perplexity only
 out=$("$bin" eval -m "$m" -f "$text" -c 32 2>/dev/null)
 printf '%s\n' "$out" | grep -q "PPL(model)" && ok || bad "eval ppl: $out"

@@ -545,11 +545,30 @@ int lp_pack_from_gguf(uint32_t gguf_type, const void *src, int64_t rows, int64_t
         uint8_t *panel = out + (size_t)(r / LP_PANEL) * g.panel_bytes;
         int lane = (int)(r % LP_PANEL);
         for (int64_t grp = 0; grp < g.groups; grp++) {
-            const uint8_t *b = row + (size_t)grp * block;
+            const uint8_t *b = row + (size_t)grp * block, *q = b + 2;
             memcpy(panel + (size_t)grp * 32 + 2 * (size_t)lane, b, 2); /* same f16 scale bits */
-            for (int i = 0; i < 32; i++) {
-                int q = type == LP_W4 ? ((i < 16 ? b[2 + i] & 0x0f : b[2 + i - 16] >> 4) - 8) : (int8_t)b[2 + i];
-                put_code(type, &g, panel, grp, lane, i, q);
+            /* put_code's layout, this row's 4 bytes of each 64-byte chunk at
+             * a time (per code it was most of a GGUF load) */
+            uint8_t *codes = panel + g.codes_offset + (size_t)grp * g.code_bytes + 4 * (size_t)lane;
+            uint8_t four[4];
+            if (type == LP_W4) {
+                /* Q4_0 byte i: element i in the low nibble, 16 + i in the
+                 * high one, both already biased by 8; W4 chunk k byte j:
+                 * element 8k + j low, 8k + 4 + j high */
+                for (int k = 0; k < 4; k++) {
+                    for (int j = 0; j < 4; j++) {
+                        int lo = 8 * k + j, hi = lo + 4;
+                        int nib_lo = lo < 16 ? q[lo] & 0x0f : q[lo - 16] >> 4;
+                        int nib_hi = hi < 16 ? q[hi] & 0x0f : q[hi - 16] >> 4;
+                        four[j] = (uint8_t)(nib_lo | nib_hi << 4);
+                    }
+                    memcpy(codes + 64 * k, four, 4);
+                }
+            } else {
+                for (int k = 0; k < 8; k++) {
+                    for (int j = 0; j < 4; j++) four[j] = (uint8_t)(q[4 * k + j] ^ 0x80); /* int8 + 128 */
+                    memcpy(codes + 64 * k, four, 4);
+                }
             }
         }
     }

@@ -137,8 +137,9 @@ static int repack_for_int_kernels(lp_model *m, const char *name, lp_weight *w, l
  * panel of 16 rows at a time. Their codes do not map onto W4/W8 codes, and
  * on the float kernels every block is decoded again on every token: the
  * Q6_K classifier of a llama.cpp Q4_0 TinyLlama took 13 of its 31 ms per
- * token. 8 bits per group of 32 hold their 4-6-bit levels to within an
- * eighth of a level or less. */
+ * token. Each weight lands within half an 8-bit step (the group's largest
+ * |w| / 254) of its stored value: about an eighth of a Q6_K or Q5_K level,
+ * a sixteenth of a Q4_K one. */
 static int requantize_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
     size_t panel_bytes = lp_pack_bytes(LP_W8, 16, w->cols, 32);
     size_t bytes = lp_pack_bytes(LP_W8, w->rows, w->cols, 32);
