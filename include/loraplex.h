@@ -76,10 +76,6 @@ typedef struct lp_model_info {
     bool rope_neox, rope_freq_factors, tied_output;
     uint64_t n_params;
     uint64_t weight_bytes;    /* bytes of all weights as stored */
-    /* bytes of weights a decoded token streams: every matrix except an
-     * untied token embedding (one row of it is read), without the zero
-     * bytes that space packed panels apart (no kernel reads them) */
-    uint64_t decode_read_bytes;
     const char *tokenizer;    /* "spm" or "bpe" */
     const char *chat_format;  /* "llama3", "chatml", "llama2", "mistral", "none" */
 } lp_model_info;

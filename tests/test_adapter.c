@@ -9,7 +9,6 @@
 #include "base/dtype.h"
 #include "check.h"
 #include "formats/lpa.h"
-#include "kernels/kernels.h"
 #include "model/adapter.h"
 
 #define MODELS LP_SHARED_MODELS
@@ -442,55 +441,6 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
 
 /* ---- (d) corruption of a small .lpa ------------------------------------------------ */
 
-/* Rewrites an .lpa image's version and its header checksum to match. */
-static void set_lpa_version(uint8_t *img, uint32_t version) {
-    for (int i = 0; i < 4; i++) img[4 + i] = (uint8_t)(version >> (8 * i));
-    uint64_t data_start = 0;
-    for (int i = 0; i < 8; i++) data_start |= (uint64_t)img[80 + i] << (8 * i);
-    memset(img + 16, 0, 8);
-    uint64_t h = lp_lpa_hash(LP_LPA_HASH_SEED, img, (size_t)data_start);
-    for (int i = 0; i < 8; i++) img[16 + i] = (uint8_t)(h >> (8 * i));
-}
-
-/* Version 1 files: read when all blocks are float (same bytes), refused
- * with a hint when they hold W4/W8 blocks (panels without spacing). */
-static void test_lpa_version1(const lp_model *base, const lp_lpa_base *b, const char *dir) {
-    int64_t dim = base->hp.dim;
-    size_t a_bytes = lp_pack_bytes(LP_W4, 1, dim, 32), b_bytes = lp_pack_bytes(LP_W4, dim, 32, 32);
-    uint8_t *pa = calloc(a_bytes, 1), *pb = calloc(b_bytes, 1);
-    static float fa[4096], fb[4096];
-    for (int packed = 0; packed < 2; packed++) {
-        lp_lpa_entry e = {.layer = 0, .proj = 0, .rank = 1, .dtype = packed ? LP_W4 : LP_F32, .scale = 1.0f,
-                          .a = packed ? (const void *)pa : fa, .b = packed ? (const void *)pb : fb};
-        char path[600];
-        snprintf(path, sizeof path, "%s/v1.lpa", dir);
-        lp_error err = {0};
-        CHECK_MSG(pa && pb && dim <= 4096 && lp_lpa_write(path, b, "v1", "", &e, 1, &err) == 0, "%s", err.message);
-        char *text;
-        size_t size;
-        if (lp_read_file(path, &text, &size, 1 << 24, &err)) continue;
-        remove(path);
-        uint8_t *buf = lp_alloc(size);
-        memcpy(buf, text, size);
-        free(text);
-        set_lpa_version(buf, 1);
-        lp_adapter *a = lp_adapter_load_lpa_memory(base, buf, size, "v1.lpa", 1.0f, &err);
-        if (packed)
-            CHECK_MSG(!a && strstr(err.message, "compile the adapter again"), "packed v1: %s",
-                      a ? "accepted" : err.message);
-        else
-            CHECK_MSG(a != NULL, "float v1: %s", err.message);
-        lp_adapter_free(a);
-        set_lpa_version(buf, 3);
-        a = lp_adapter_load_lpa_memory(base, buf, size, "v3.lpa", 1.0f, &err);
-        CHECK(!a && strstr(err.message, "version 3"));
-        lp_adapter_free(a);
-        lp_free(buf);
-    }
-    free(pa);
-    free(pb);
-}
-
 static void test_lpa_corruption(const lp_model *base, const char *dir) {
     const lp_hparams *hp = &base->hp;
     lp_lpa_base b = {
@@ -542,7 +492,6 @@ static void test_lpa_corruption(const lp_model *base, const char *dir) {
         }
     CHECK_MSG(accepted == 0, "%d byte flips accepted", accepted);
     lp_free(buf);
-    test_lpa_version1(base, &b, dir);
 }
 
 int main(void) {

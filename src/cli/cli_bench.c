@@ -75,6 +75,35 @@ static uint64_t file_bytes(const char *path) {
     return stat(path, &st) == 0 && S_ISREG(st.st_mode) ? (uint64_t)st.st_size : 0;
 }
 
+typedef struct embd_probe {
+    uint64_t bytes;
+} embd_probe;
+
+static void find_embedding(void *user, const char *name, const char *type, int64_t rows,
+                           int64_t cols) {
+    embd_probe *p = user;
+    if (strcmp(name, "token_embd") || rows < 0 || cols < 0) return;
+    for (uint32_t id = 0; id < LP_DTYPE_OWN_END; id++) {
+        const char *n = lp_dtype_name(id);
+        if (n && !strcmp(n, type)) {
+            p->bytes = (uint64_t)lp_dtype_row_bytes(id, (uint64_t)cols) * (uint64_t)rows;
+            return;
+        }
+    }
+}
+
+/* Bytes of weights streamed from memory per decoded token: every matrix,
+ * except that only one row of the token embedding is read (unless it is
+ * also the output matrix). */
+static uint64_t weight_bytes_per_token(const lp_model *model) {
+    lp_model_info info;
+    lp_model_get_info(model, &info);
+    if (info.tied_output) return info.weight_bytes;
+    embd_probe p = {0};
+    lp_model_foreach_weight(model, find_embedding, &p);
+    return p.bytes < info.weight_bytes ? info.weight_bytes - p.bytes : info.weight_bytes;
+}
+
 static void random_tokens(const lp_model *model, uint64_t seed, int32_t *out, int n) {
     lp_model_info info;
     lp_model_get_info(model, &info);
@@ -305,7 +334,7 @@ static int bench_speed(const bench_options *o) {
             lp_model_get_info(model, &info);
             snprintf(model_name, sizeof model_name, "%s",
                      info.name && info.name[0] ? info.name : info.arch);
-            wbpt = info.decode_read_bytes;
+            wbpt = weight_bytes_per_token(model);
             if (!model_bytes) model_bytes = info.weight_bytes;
             random_tokens(model, 1234 + (uint64_t)r, tokens, o->prompt);
             /* one untimed pass first, as llama-bench does: the first touches

@@ -11,7 +11,6 @@
 #include "le.h"
 
 #include "../base/dtype.h"
-#include "../kernels/kernels.h"
 
 /* ---- shared helpers ------------------------------------------------------------ */
 
@@ -51,12 +50,13 @@ static uint64_t align64(uint64_t x) { return (x + LP_LPA_ALIGN - 1) & ~(uint64_t
 static bool is_packed(uint32_t dtype) { return dtype == LP_W8 || dtype == LP_W4; }
 static bool valid_dtype(uint32_t dtype) { return dtype == LP_F32 || dtype == LP_F16 || is_packed(dtype); }
 
-/* Bytes of a W8/W4 packed rows x cols matrix at group 32 (cols a multiple
- * of 32): the integer kernels' panel layout, spacing included. */
+/* Bytes of a W8/W4 packed rows x cols matrix (cols a multiple of 32): per
+ * 16-row panel and 32-column group, 16 f16 scales and 16 x 32 codes of 8 or
+ * 4 bits. */
 static bool packed_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, size_t *bytes) {
-    if (cols == 0 || cols % 32 || rows > (uint64_t)INT64_MAX || cols > (uint64_t)INT64_MAX) return false;
-    *bytes = lp_pack_bytes(dtype, (int64_t)rows, (int64_t)cols, 32);
-    return *bytes != 0;
+    if (cols == 0 || cols % 32) return false;
+    size_t per_group = 32 + (dtype == LP_W8 ? 16 * 32 : 16 * 16);
+    return lp_mul_ok((rows + 15) / 16, cols / 32, bytes) && lp_mul_ok(*bytes, per_group, bytes);
 }
 
 /* Bytes of A (rank x in) and B (out x rank; packed: out x round32(rank));
@@ -87,16 +87,15 @@ static int check_name(const uint8_t *field, char *out, const char *what, const c
 }
 
 static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa *out,
-                        uint64_t *data_start, uint32_t *version_out, lp_error *err) {
+                        uint64_t *data_start, lp_error *err) {
     if (size < LP_LPA_HEADER_BYTES)
         return lp_fail(err, "%s: %zu bytes is too short for an .lpa header (%d)", what, size,
                        LP_LPA_HEADER_BYTES);
     if (memcmp(p, LP_LPA_MAGIC, 4) != 0) return lp_fail(err, "%s: not an .lpa file (bad magic)", what);
     uint32_t version = lp_le_get_u32(p + 4);
-    if (version != LP_LPA_VERSION && version != 1)
-        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads 1 and %d)", what,
+    if (version != LP_LPA_VERSION)
+        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads %d)", what,
                        version, LP_LPA_VERSION);
-    *version_out = version;
     uint64_t file_bytes = lp_le_get_u64(p + 8);
     if (file_bytes != size)
         return lp_fail(err, "%s: header says %llu bytes but the file has %zu (truncated?)", what,
@@ -176,8 +175,8 @@ static bool all_zero(const uint8_t *p, uint64_t from, uint64_t to) {
     return true;
 }
 
-static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, uint32_t version,
-                         const char *what, lp_lpa *out, lp_error *err) {
+static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, const char *what,
+                         lp_lpa *out, lp_error *err) {
     uint64_t cursor = data_start, prev_key = 0;
     for (uint32_t i = 0; i < out->n_entries; i++) {
         const uint8_t *q = p + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
@@ -205,10 +204,6 @@ static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, uin
         if (!valid_dtype(e->dtype))
             return lp_fail(err, "%s: layer %u %s: dtype %u is not F32 (0), F16 (1), W4 (64) or W8 (65)", what,
                            e->layer, pn, e->dtype);
-        if (version == 1 && is_packed(e->dtype))
-            return lp_fail(err, "%s: layer %u %s: a version 1 file's W4/W8 blocks lack the panel spacing this "
-                           "build reads (version %d): compile the adapter again with `loraplex adapter compile`",
-                           what, e->layer, pn, LP_LPA_VERSION);
         if (!isfinite(e->scale))
             return lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer, pn);
         if (lp_le_get_u32(q + 20) != 0)
@@ -240,15 +235,14 @@ int lp_lpa_parse(const void *data, size_t size, const lp_lpa_base *expect, const
     if (((uintptr_t)p % LP_LPA_ALIGN) != 0)
         return lp_fail(err, "%s: .lpa data must be %d-byte aligned in memory", what, LP_LPA_ALIGN);
     uint64_t data_start = 0;
-    uint32_t version = 0;
-    if (parse_header(p, size, what, out, &data_start, &version, err)) return -1;
+    if (parse_header(p, size, what, out, &data_start, err)) return -1;
     if (expect && check_base(&out->base, expect, what, err)) return -1;
     /* the table was covered by the header checksum; the padding must be zero */
     if (!all_zero(p, LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries, data_start))
         return lp_fail(err, "%s: padding before the data is not zero", what);
     out->entries = calloc(out->n_entries ? out->n_entries : 1, sizeof *out->entries);
     if (!out->entries) return lp_fail(err, "out of memory");
-    if (parse_entries(p, size, data_start, version, what, out, err)) {
+    if (parse_entries(p, size, data_start, what, out, err)) {
         lp_lpa_release(out);
         return -1;
     }

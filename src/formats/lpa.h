@@ -3,7 +3,7 @@
  *
  *   offset size  field
  *   0      4     magic "LPA1"
- *   4      4     version (2; 1 is read when every block is F32/F16)
+ *   4      4     version (1)
  *   8      8     file_bytes        total size of the file (a multiple of 64)
  *   16     8     header_checksum   lp_lpa_hash of bytes [0, data_start) with
  *                                  this field read as zero
@@ -28,7 +28,7 @@
  *                 64-byte aligned, zero padding between and at the end.
  *
  * W8 and W4 blocks are in the integer kernels' packed LP_W8 / LP_W4 layouts (group 32, see
- * src/kernels/intpack.c; version 2 spaces panels of an even number of 64-byte lines by 64 zero bytes): A is rank x in (in a multiple of 32), B is
+ * src/kernels/intpack.c): A is rank x in (in a multiple of 32), B is
  * out x round32(rank) with zero columns past the rank, so the runtime
  * multiplies them in place with int8 activations.
  *
@@ -46,9 +46,7 @@
 #include "../base/base.h"
 
 #define LP_LPA_MAGIC "LPA1"
-/* 2: W4/W8 blocks have the spaced panels of lp_packed_geometry. Version 1
- * files are read when all their blocks are F32/F16 (the same bytes). */
-#define LP_LPA_VERSION 2
+#define LP_LPA_VERSION 1
 #define LP_LPA_HEADER_BYTES 640
 #define LP_LPA_ENTRY_BYTES 40
 #define LP_LPA_NAME_BYTES 256

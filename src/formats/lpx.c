@@ -82,9 +82,6 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpx_
                        LP_LPX_HEADER_BYTES);
     if (memcmp(p, LP_LPX_MAGIC, 4) != 0) return lp_fail(err, "%s: not a .lpx file (bad magic)", what);
     uint32_t version = lp_le_get_u32(p + 4);
-    if (version == 1)
-        return lp_fail(err, "%s: .lpx version 1 packs its panels without the spacing this build reads "
-                       "(version %d): compile it again from its source with `loraplex compile`", what, LP_LPX_VERSION);
     if (version != LP_LPX_VERSION)
         return lp_fail(err, "%s: .lpx version %u is not supported (this build reads %d)", what,
                        version, LP_LPX_VERSION);

@@ -5,7 +5,7 @@
  *
  *   offset size  field
  *   0      4     magic "LPX1"
- *   4      4     version (2; version 1 had no spacing between packed panels)
+ *   4      4     version (1)
  *   8      8     file_bytes          total size of the file
  *   16     4     arch                0 llama, 1 qwen2, 2 qwen3 (lp_arch)
  *   20     4     flags               LP_LPX_* below; unknown bits rejected
@@ -54,10 +54,7 @@
 #include "../base/base.h"
 
 #define LP_LPX_MAGIC "LPX1"
-/* 2: packed panels of an even number of 64-byte lines are followed by 64
- * zero bytes (lp_packed_geometry). Version 1 files lack them and are
- * refused with a hint to recompile. */
-#define LP_LPX_VERSION 2
+#define LP_LPX_VERSION 1
 #define LP_LPX_HEADER_BYTES 512
 #define LP_LPX_ENTRY_BYTES 64
 #define LP_LPX_ALIGN 64

@@ -20,9 +20,8 @@
  *       W8 chunk k (G/4 per group): byte 4l+j = q + 128 of element
  *             gG + 4k + j.
  *
- * so panel bytes = NG * (32 + C), plus 64 zero bytes when that is an even
- * number of 64-byte lines (see lp_packed_geometry), and the matrix is
- * ceil(rows/16) panels back to back. Why: a 64-byte chunk is exactly one zmm whose 16 dword
+ * so panel bytes = NG * (32 + C) and the matrix is ceil(rows/16) panels
+ * back to back. Why: a 64-byte chunk is exactly one zmm whose 16 dword
  * lanes are 16 output rows and whose 4 bytes per lane are 4 consecutive
  * inputs, the operand shape of vpdpbusd (and of NEON sdot on 4 rows x 4
  * inputs per q register); codes are stored biased (unsigned) because
@@ -103,13 +102,6 @@ bool lp_packed_geometry(uint32_t type, int64_t rows, int64_t cols, int group, lp
     g->codes_offset = g->scales_offset + scales;
     if (!lp_mul_ok(code_bytes, groups, &codes) || codes > SIZE_MAX - g->codes_offset) return false;
     g->panel_bytes = g->codes_offset + codes;
-    /* An odd number of cache lines from one panel to the next. With an even
-     * number the panels a decode tile streams side by side start at few
-     * distinct offsets modulo 4 KiB (a W4 panel of 2048 columns is 18 432
-     * bytes, 2^11 x 9: two offsets for four panels), and 1-row W4 decode
-     * streamed 4-7 % slower (TinyLlama, 2 threads: 48.4-50.1 against
-     * 52.0-53.0 tok/s with 64 bytes more per panel). */
-    if (g->panel_bytes % 128 == 0) g->panel_bytes += 64;
     size_t total;
     return lp_mul_ok(g->panel_bytes, (size_t)g->panels, &total);
 }
@@ -118,12 +110,6 @@ size_t lp_pack_bytes(uint32_t type, int64_t rows, int64_t cols, int group) {
     lp_packed_geom g;
     if (!lp_packed_geometry(type, rows, cols, group, &g)) return 0;
     return g.panel_bytes * (size_t)g.panels;
-}
-
-size_t lp_pack_read_bytes(uint32_t type, int64_t rows, int64_t cols, int group) {
-    lp_packed_geom g;
-    if (!lp_packed_geometry(type, rows, cols, group, &g)) return 0;
-    return (g.codes_offset + (size_t)g.groups * g.code_bytes) * (size_t)g.panels;
 }
 
 lp_weight lp_packed_weight(uint32_t type, int group, int64_t rows, int64_t cols, const void *data) {
@@ -241,9 +227,7 @@ static void init_panels(uint32_t type, const lp_packed_geom *g, uint8_t *dst) {
     for (int64_t p = 0; p < g->panels; p++) {
         uint8_t *panel = dst + (size_t)p * g->panel_bytes;
         memset(panel, 0, g->codes_offset);
-        size_t codes = (size_t)g->groups * g->code_bytes;
-        memset(panel + g->codes_offset, type == LP_W8 ? 0x80 : 0x88, codes);
-        memset(panel + g->codes_offset + codes, 0, g->panel_bytes - g->codes_offset - codes); /* spacing */
+        memset(panel + g->codes_offset, type == LP_W8 ? 0x80 : 0x88, (size_t)g->groups * g->code_bytes);
     }
 }
 

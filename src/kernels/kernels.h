@@ -51,9 +51,6 @@ void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst);
  * cols for W8, group 0 = 32, cols not a multiple of group, overflow).
  * W8 per-row scales: group = cols. */
 size_t lp_pack_bytes(uint32_t type, int64_t rows, int64_t cols, int group);
-/* lp_pack_bytes less the zero bytes that space panels apart: what a matmul
- * over the whole matrix reads. */
-size_t lp_pack_read_bytes(uint32_t type, int64_t rows, int64_t cols, int group);
 /* Quantizes row-major float rows into the packed layout at dst
  * (lp_pack_bytes bytes). W4 and W4C use a per-group scale search minimising
  * the squared error. Returns 0, or -1 for bad arguments. */

@@ -341,10 +341,6 @@ static uint64_t weight_bytes(const lp_weight *w) {
         return lp_pack_bytes(w->type, w->rows, w->cols, w->group);
     return (uint64_t)w->row_bytes * (uint64_t)w->rows;
 }
-static uint64_t weight_read_bytes(const lp_weight *w) {
-    if (lp_dtype_is_packed(w->type)) return lp_pack_read_bytes(w->type, w->rows, w->cols, w->group);
-    return (uint64_t)w->row_bytes * (uint64_t)w->rows;
-}
 
 void lp_model_foreach_weight(const lp_model *m,
                              void (*fn)(void *, const char *, const char *, int64_t, int64_t),
@@ -385,11 +381,9 @@ void lp_model_get_info(const lp_model *m, lp_model_info *info) {
     info->rope_freq_factors = m->has_freq_factors;
     info->tied_output = m->tied_output;
     uint64_t params = weight_params(&m->tok_embd), bytes = weight_bytes(&m->tok_embd);
-    uint64_t read = m->tied_output ? weight_read_bytes(&m->output) : 0;
     if (!m->tied_output) {
         params += weight_params(&m->output);
         bytes += weight_bytes(&m->output);
-        read += weight_read_bytes(&m->output);
     }
     for (int l = 0; l < hp->n_layers; l++) {
         const lp_layer *L = &m->layers[l];
@@ -397,13 +391,11 @@ void lp_model_get_info(const lp_model *m, lp_model_info *info) {
         for (int i = 0; i < 7; i++) {
             params += weight_params(ws[i]);
             bytes += weight_bytes(ws[i]);
-            read += weight_read_bytes(ws[i]);
         }
         params += 2 * (uint64_t)hp->dim;
     }
     info->n_params = params + (uint64_t)hp->dim;
     info->weight_bytes = bytes;
-    info->decode_read_bytes = read;
     info->tokenizer = lp_tokenizer_kind(m->tok) == LP_TOK_SPM ? "spm" : "bpe";
     info->chat_format = lp_chat_format_name(lp_tokenizer_chat_format(m->tok));
 }
