@@ -3,6 +3,7 @@
 #include "model.h"
 
 #include <math.h>
+#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -74,7 +75,13 @@ lp_model *lp_model_load(const char *path, const lp_model_params *params,
     } else if (lp_is_lpx_file(path)) {
         rc = lp_model_load_lpx(m, path, err);
     } else if (has_gguf_magic(path)) {
+        /* threads that convert block matrices for the integer kernels;
+         * without it (NULL) they convert inline */
+        lp_error no_pool;
+        if (!m->no_repack) m->load_pool = lp_threadpool_create(lp_default_threads(), &no_pool);
         rc = lp_model_load_gguf(m, path, err);
+        lp_threadpool_destroy(m->load_pool);
+        m->load_pool = NULL;
     } else {
         rc = lp_model_load_llama2c(m, path, params ? params->tokenizer_path : NULL, err);
     }
@@ -116,52 +123,68 @@ static int gguf_vector(lp_model *m, const char *name, int64_t n, bool required,
     return 0;
 }
 
-/* Q4_0 / Q8_0 rows -> LP_W4 / LP_W8 group 32 panels (lossless: same codes,
- * same f16 scales), so these files run on the integer kernels. Costs one
- * copy of the matrix at load. */
-static int repack_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
+/* GGUF block matrices converted for the integer kernels at load (one copy
+ * of the matrix):
+ * - Q4_0 / Q8_0 -> LP_W4 / LP_W8 group 32 panels, losslessly (same codes,
+ *   same f16 scales);
+ * - other block types (K-quants, Q4_1, Q5_0, Q5_1) -> LP_W8 group 32,
+ *   requantized. Their codes do not map onto W4/W8 codes, and on the float
+ *   kernels every block is decoded again on every token: the Q6_K
+ *   classifier of a llama.cpp Q4_0 TinyLlama took 13 of its 31 ms per
+ *   token. Each weight lands within half an 8-bit step (the group's largest
+ *   |w| / 254) of its stored value: about an eighth of a Q6_K or Q5_K
+ *   level, a sixteenth of a Q4_K one.
+ * Panels are independent, so the load pool's threads take a share each. */
+typedef struct convert_task {
+    const lp_weight *src;
+    uint32_t packed;     /* LP_W4 or LP_W8 */
+    bool requantize;     /* decode to float and pack, rather than repack the codes */
+    uint8_t *dst;
+    size_t panel_bytes;
+    atomic_int failed;
+} convert_task;
+
+static void convert_worker(void *arg, int thread, int n_threads) {
+    convert_task *t = arg;
+    const lp_weight *w = t->src;
+    int64_t p0, p1;
+    lp_split_range((w->rows + 15) / 16, thread, n_threads, 1, &p0, &p1);
+    float *rows = t->requantize && p1 > p0 ? malloc(16 * (size_t)w->cols * sizeof *rows) : NULL;
+    if (t->requantize && p1 > p0 && !rows) {
+        atomic_store(&t->failed, 1);
+        return;
+    }
+    for (int64_t p = p0; p < p1; p++) {
+        int64_t r0 = 16 * p, n = w->rows - r0 < 16 ? w->rows - r0 : 16;
+        const uint8_t *src = (const uint8_t *)w->data + (size_t)r0 * w->row_bytes;
+        uint8_t *dst = t->dst + (size_t)p * t->panel_bytes;
+        bool ok;
+        if (t->requantize) {
+            for (int64_t i = 0; i < n; i++) lp_dequantize_row(w->type, src + (size_t)i * w->row_bytes, rows + i * w->cols, w->cols);
+            ok = lp_pack_weight_ex(LP_W8, 32, rows, n, w->cols, dst, false) == 0;
+        } else {
+            uint32_t got;
+            ok = lp_pack_from_gguf(w->type, src, n, w->cols, dst, &got) == 0 && got == t->packed;
+        }
+        if (!ok) atomic_store(&t->failed, 1);
+    }
+    free(rows);
+}
+
+static int convert_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
+    bool lossless = w->type == LP_Q4_0 || w->type == LP_Q8_0;
     uint32_t packed = w->type == LP_Q4_0 ? LP_W4 : LP_W8;
     size_t bytes = lp_pack_bytes(packed, w->rows, w->cols, 32);
     if (bytes == 0) return 0; /* shape the packer can't take: keep the GGUF layout */
-    void *dst = lp_model_own(m, bytes);
-    if (!dst) return lp_fail(err, "%s: out of memory repacking '%s'", m->path, name);
-    uint32_t got;
-    if (lp_pack_from_gguf(w->type, w->data, w->rows, w->cols, dst, &got) != 0 || got != packed)
-        return lp_fail(err, "%s: cannot repack '%s' (%s)", m->path, name, lp_dtype_name(w->type));
-    *w = lp_packed_weight(packed, 32, w->rows, w->cols, dst);
-    m->n_repacked++;
-    return 0;
-}
-
-/* Other block types (K-quants, Q4_1, Q5_0, Q5_1) -> LP_W8 group 32, one
- * panel of 16 rows at a time. Their codes do not map onto W4/W8 codes, and
- * on the float kernels every block is decoded again on every token: the
- * Q6_K classifier of a llama.cpp Q4_0 TinyLlama took 13 of its 31 ms per
- * token. Each weight lands within half an 8-bit step (the group's largest
- * |w| / 254) of its stored value: about an eighth of a Q6_K or Q5_K level,
- * a sixteenth of a Q4_K one. */
-static int requantize_for_int_kernels(lp_model *m, const char *name, lp_weight *w, lp_error *err) {
-    size_t panel_bytes = lp_pack_bytes(LP_W8, 16, w->cols, 32);
-    size_t bytes = lp_pack_bytes(LP_W8, w->rows, w->cols, 32);
-    if (bytes == 0 || panel_bytes == 0) return 0; /* shape the packer can't take: keep the GGUF layout */
-    uint8_t *dst = lp_model_own(m, bytes);
-    float *rows = malloc(16 * (size_t)w->cols * sizeof *rows);
-    if (!dst || !rows) {
-        free(rows);
-        return lp_fail(err, "%s: out of memory requantizing '%s'", m->path, name);
-    }
-    for (int64_t r0 = 0; r0 < w->rows; r0 += 16) {
-        int64_t n = w->rows - r0 < 16 ? w->rows - r0 : 16;
-        for (int64_t i = 0; i < n; i++)
-            lp_dequantize_row(w->type, (const uint8_t *)w->data + (size_t)(r0 + i) * w->row_bytes,
-                              rows + i * w->cols, w->cols);
-        if (lp_pack_weight_ex(LP_W8, 32, rows, n, w->cols, dst + (size_t)(r0 / 16) * panel_bytes, false) != 0) {
-            free(rows);
-            return lp_fail(err, "%s: cannot requantize '%s' (%s)", m->path, name, lp_dtype_name(w->type));
-        }
-    }
-    free(rows);
-    *w = lp_packed_weight(LP_W8, 32, w->rows, w->cols, dst);
+    convert_task t = {.src = w, .packed = packed, .requantize = !lossless,
+                      .panel_bytes = lp_pack_bytes(packed, 16, w->cols, 32)};
+    atomic_init(&t.failed, 0);
+    if (!(t.dst = lp_model_own(m, bytes))) return lp_fail(err, "%s: out of memory converting '%s'", m->path, name);
+    lp_threadpool_run(m->load_pool, convert_worker, &t);
+    if (atomic_load(&t.failed))
+        return lp_fail(err, "%s: cannot %s '%s' (%s)", m->path, lossless ? "repack" : "requantize", name,
+                       lp_dtype_name(w->type));
+    *w = lp_packed_weight(packed, 32, w->rows, w->cols, t.dst);
     m->n_repacked++;
     return 0;
 }
@@ -191,8 +214,8 @@ static int gguf_matrix(lp_model *m, const char *name, int64_t rows, int64_t cols
     out->row_bytes = lp_dtype_row_bytes(t->type, (uint64_t)cols);
     out->data = t->data;
     if (m->no_repack || info->block_elems == 1) return 0;
-    if (t->type == LP_Q4_0 || t->type == LP_Q8_0) return repack_for_int_kernels(m, name, out, err);
-    return lookup_only ? 0 : requantize_for_int_kernels(m, name, out, err);
+    if (lookup_only && t->type != LP_Q4_0 && t->type != LP_Q8_0) return 0;
+    return convert_for_int_kernels(m, name, out, err);
 }
 
 /* Reads "{arch}.{suffix}" as u32 into *out; required keys fail when absent. */

@@ -66,6 +66,7 @@ struct lp_model {
     uint32_t compiled_type, compiled_group;   /* .lpx: what it was compiled to */
     bool no_repack;         /* lp_model_params.no_repack, for the GGUF loader */
     int n_repacked;         /* GGUF matrices repacked to W4/W8 at load */
+    lp_threadpool *load_pool; /* during a GGUF load only: converts them */
 
     /* ownership */
     lp_gguf *gguf;
