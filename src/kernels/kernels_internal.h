@@ -24,6 +24,10 @@ typedef struct lp_tile {
     float *y;
     int64_t y_stride;
     bool accumulate; /* add to y instead of overwriting it */
+    /* NULL, or where the same rows' weights of the tile this thread reads
+     * next begin (its next columns, or its next rows): kernels may
+     * prefetch them while this tile runs (the AVX-512 one does) */
+    const void *next_w[LP_TILE_ROWS];
 } lp_tile;
 
 /* lp_dequantize_row with the SIMD copy of the decoder chosen by `level`

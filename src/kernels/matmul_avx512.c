@@ -34,13 +34,17 @@ AVX512 INLINE void store_result(const lp_tile *t, float *y, int r, int b, float 
  * so a row's result does not depend on the batch size or its position in
  * the batch. Four rows give four independent chains even at B = 1, which
  * is plenty for the memory-bound decode case. */
-AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16) {
+AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16, bool prefetch) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
         for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
-    const int64_t n = t->n, xs = t->x_stride;
+    const int64_t n = t->n, xs = t->x_stride, elem = f16 ? 2 : 4;
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
+        /* one line of each of the next tile's rows per line of these */
+        if (prefetch && ((i * elem) & 63) == 0)
+            for (int r = 0; r < 4; r++)
+                if (t->next_w[r]) _mm_prefetch((const char *)t->next_w[r] + i * elem, _MM_HINT_T1);
         __m512 w[4];
         for (int r = 0; r < 4; r++) w[r] = load_w(t->w[r], i, f16);
         for (int b = 0; b < B; b++) {
@@ -64,13 +68,13 @@ AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, b
 AVX512 INLINE void tile_all(const lp_tile *t, bool f16) {
     const int64_t nb = t->n_batch;
     int64_t b = 0;
-    for (; b + 4 <= nb; b += 4) tile_4xB(t, t->x + b * t->x_stride, t->y + b * t->y_stride, 4, f16);
+    for (; b + 4 <= nb; b += 4) tile_4xB(t, t->x + b * t->x_stride, t->y + b * t->y_stride, 4, f16, b == 0);
     const float *x = t->x + b * t->x_stride;
     float *y = t->y + b * t->y_stride;
     switch (nb - b) {
-    case 3: tile_4xB(t, x, y, 3, f16); break;
-    case 2: tile_4xB(t, x, y, 2, f16); break;
-    case 1: tile_4xB(t, x, y, 1, f16); break;
+    case 3: tile_4xB(t, x, y, 3, f16, b == 0); break;
+    case 2: tile_4xB(t, x, y, 2, f16, b == 0); break;
+    case 1: tile_4xB(t, x, y, 1, f16, b == 0); break;
     default: break;
     }
 }
