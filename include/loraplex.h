@@ -48,10 +48,11 @@ typedef struct lp_model_params {
     const char *tokenizer_path;
     /* GGUF Q4_0 / Q8_0 matrices are repacked losslessly at load into the
      * integer kernels' layout (W4 / W8, group 32); other block types
-     * (K-quants, Q4_1, Q5_0, Q5_1) are requantized to W8 group 32, within
-     * an eighth of their own rounding step (an untied token embedding, read
-     * only row by row, keeps its type). true keeps every matrix as stored
-     * (float kernels on the exact values; for comparisons). */
+     * (K-quants, Q4_1, Q5_0, Q5_1) are requantized to W8 group 32, each
+     * weight within half an 8-bit step (its group's largest |w| / 254) of
+     * the stored value (an untied token embedding, read only row by row,
+     * keeps its type). true keeps every matrix as stored (float kernels on
+     * the exact values; for comparisons). */
     bool no_repack;
     /* Activations of the integer kernels: 0 = the model's choice (.lpx files
      * record it; int8 otherwise), 8 = int8 (W4A8 / W8A8), 32 = float
