@@ -342,6 +342,18 @@ static void test_gguf_requantized(void) {
          * bound); the per-weight bound above is the tight one */
         CHECK_MSG(d16 > 0 && d16 < 0.05f * top, "%s requantized W8A16 vs float path: %g", name, d16);
         CHECK_MSG(d8 < 0.05f * top, "%s requantized W8A8 vs float path: %g", name, d8);
+        /* compiled to q4c, the classifier stays 8-bit unless its source is
+         * 4-bit already */
+        CHECK(compile_to(orig, tmp("kq.lpx"), LP_W4C, 32, false, false, false) == 0);
+        lp_model *c = lp_model_load(tmp("kq.lpx"), NULL, &err);
+        CHECK_MSG(c != NULL, "%s", c ? "" : err.message);
+        if (c) {
+            bool four = types[k] == LP_Q4_K || types[k] == LP_Q4_1;
+            CHECK_MSG(c->output.type == (four ? LP_W4C : LP_W8), "%s source: classifier compiled to %s", name,
+                      lp_dtype_name(c->output.type));
+            CHECK(c->layers[0].wqkv.type == LP_W4C);
+        }
+        lp_model_free(c);
         free(a);
         free(b);
         lp_model_free(orig);

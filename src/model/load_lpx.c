@@ -432,13 +432,15 @@ static int add_matrix(compiler *c, uint32_t kind, int layer, const lp_weight *co
     lp_lpx_tensor *t = add_tensor(c, kind, layer, &j, err);
     if (!t) return -1;
     choose_type(c, j->name, srcs[0], lookup_only, &t->type, &t->group);
-    /* The classifier (the output matrix, or the embedding when tied) of a
-     * float source stays 8-bit under q4, as llama.cpp keeps it at Q6_K/Q8_0:
-     * 4-bit logits measurably hurt small models (the demo base stops
-     * predicting EOS). Already-quantized sources keep their bit-exact repack. */
+    /* The classifier (the output matrix, or the embedding when tied) stays
+     * 8-bit under q4, as llama.cpp keeps it at Q6_K/Q8_0: 4-bit logits
+     * measurably hurt small models (the demo base stops predicting EOS).
+     * Only a source already at 4 bits goes to 4 (a Q4_0 one bit for bit);
+     * a Q6_K or Q8_0 one (llama.cpp's own files) stays 8-bit. */
     bool classifier = kind == LP_LPX_T_OUTPUT || (kind == LP_LPX_T_TOK_EMBD && !lookup_only);
-    bool float_source = srcs[0]->type == LP_F32 || srcs[0]->type == LP_F16 || srcs[0]->type == LP_BF16;
-    if (classifier && float_source && (t->type == LP_W4 || t->type == LP_W4C) && !c->p->q4_output &&
+    uint32_t st = srcs[0]->type;
+    bool four_bit_source = st == LP_Q4_0 || st == LP_Q4_1 || st == LP_Q4_K || st == LP_W4 || st == LP_W4C;
+    if (classifier && !four_bit_source && (t->type == LP_W4 || t->type == LP_W4C) && !c->p->q4_output &&
         lp_pack_bytes(LP_W8, 16, srcs[0]->cols, 32)) {
         t->type = LP_W8;
         t->group = 32;
