@@ -208,16 +208,23 @@ void lp_weight_dequantize_row(const lp_weight *w, int64_t row, float *dst) {
 
 /* ---- writing ---------------------------------------------------------------------------- */
 
-/* W4: q in [-8, 7]; W4C: q = nibble - 8; W8: q in [-128, 127]. */
-static inline void put_code(uint32_t type, const lp_packed_geom *g, uint8_t *panel, int64_t grp, int lane,
-                            int i, int q) {
+/* One 4-bit code, element i of group grp of row `lane` (W4: q in [-8, 7];
+ * W4C: q = nibble - 8), into the layout described at the top. */
+static inline void put_code4(const lp_packed_geom *g, uint8_t *panel, int64_t grp, int lane, int i, int q) {
     uint8_t *codes = panel + g->codes_offset + (size_t)grp * g->code_bytes;
-    if (type != LP_W8) {
-        uint8_t *byte = &codes[64 * (i / 8) + 4 * lane + (i % 4)];
-        uint8_t nib = (uint8_t)(q + 8);
-        *byte = (i % 8) < 4 ? (uint8_t)((*byte & 0xf0) | nib) : (uint8_t)((*byte & 0x0f) | (nib << 4));
-    } else {
-        codes[64 * (i / 4) + 4 * lane + (i % 4)] = (uint8_t)(q + 128);
+    uint8_t *byte = &codes[64 * (i / 8) + 4 * lane + (i % 4)];
+    uint8_t nib = (uint8_t)(q + 8);
+    *byte = (i % 8) < 4 ? (uint8_t)((*byte & 0xf0) | nib) : (uint8_t)((*byte & 0x0f) | (nib << 4));
+}
+
+/* n W8 codes (q in [-128, 127], n a multiple of 4) of one row into the
+ * layout described at the top, the row's 4 bytes of each 64-byte chunk at a
+ * time; row_codes points at its bytes of the first chunk (codes + 4 * lane). */
+static void put_w8_codes(uint8_t *row_codes, const int8_t *q, int n) {
+    for (int i = 0; i < n; i += 4) {
+        uint8_t four[4];
+        for (int j = 0; j < 4; j++) four[j] = (uint8_t)(q[i + j] + 128);
+        memcpy(row_codes + 16 * (size_t)i, four, 4);
     }
 }
 
@@ -462,7 +469,7 @@ static void pack_w4c(const lp_packed_geom *g, const float *src, int64_t rows, in
         for (int64_t grp = 0; grp < g->groups; grp++) {
             uint8_t k = quantize_w4c_group(&t, x + grp * g->group, g->group, base, nib);
             panel[g->scales_offset + (size_t)grp * g->scale_bytes + (size_t)lane] = k;
-            for (int i = 0; i < g->group; i++) put_code(LP_W4C, g, panel, grp, lane, i, nib[i] - 8);
+            for (int i = 0; i < g->group; i++) put_code4(g, panel, grp, lane, i, nib[i] - 8);
         }
     }
 }
@@ -488,7 +495,7 @@ int lp_pack_weight_ex(uint32_t type, int group, const float *src, int64_t rows, 
             uint16_t h;
             if (type == LP_W4) {
                 h = quantize_w4_group(x, g.group, search, q);
-                for (int i = 0; i < g.group; i++) put_code(type, &g, panel, grp, lane, i, q[i]);
+                for (int i = 0; i < g.group; i++) put_code4(&g, panel, grp, lane, i, q[i]);
             } else {
                 float amax = group_amax(x, g.group);
                 h = isfinite(amax) ? scale_to_f16(amax / 127.0f) : 0;
@@ -498,12 +505,7 @@ int lp_pack_weight_ex(uint32_t type, int group, const float *src, int64_t rows, 
                     int n = g.group - i0 < 128 ? g.group - i0 : 128;
                     if (d > 0) round_codes(x + i0, n, d, -127, 127, q);
                     else memset(q, 0, (size_t)n);
-                    /* put_code's layout, 4 bytes (one chunk's share of this row) at a time */
-                    for (int i = 0; i < n; i += 4) {
-                        uint8_t four[4];
-                        for (int j = 0; j < 4; j++) four[j] = (uint8_t)(q[i + j] + 128);
-                        memcpy(codes + 16 * (size_t)(i0 + i), four, 4);
-                    }
+                    put_w8_codes(codes + 16 * (size_t)i0, q, n);
                 }
             }
             write_f16(panel + (size_t)grp * 32 + 2 * (size_t)lane, h);
@@ -531,11 +533,11 @@ int lp_pack_from_gguf(uint32_t gguf_type, const void *src, int64_t rows, int64_t
         for (int64_t grp = 0; grp < g.groups; grp++) {
             const uint8_t *b = row + (size_t)grp * block, *q = b + 2;
             memcpy(panel + (size_t)grp * 32 + 2 * (size_t)lane, b, 2); /* same f16 scale bits */
-            /* put_code's layout, this row's 4 bytes of each 64-byte chunk at
-             * a time (per code it was most of a GGUF load) */
+            /* this row's 4 bytes of each 64-byte chunk at a time (a code at
+             * a time was most of a GGUF load) */
             uint8_t *codes = panel + g.codes_offset + (size_t)grp * g.code_bytes + 4 * (size_t)lane;
-            uint8_t four[4];
             if (type == LP_W4) {
+                uint8_t four[4];
                 /* Q4_0 byte i: element i in the low nibble, 16 + i in the
                  * high one, both already biased by 8; W4 chunk k byte j:
                  * element 8k + j low, 8k + 4 + j high */
@@ -549,10 +551,7 @@ int lp_pack_from_gguf(uint32_t gguf_type, const void *src, int64_t rows, int64_t
                     memcpy(codes + 64 * k, four, 4);
                 }
             } else {
-                for (int k = 0; k < 8; k++) {
-                    for (int j = 0; j < 4; j++) four[j] = (uint8_t)(q[4 * k + j] ^ 0x80); /* int8 + 128 */
-                    memcpy(codes + 64 * k, four, 4);
-                }
+                put_w8_codes(codes, (const int8_t *)q, 32);
             }
         }
     }
