@@ -31,9 +31,27 @@ extern "C" {
 
 #define LORAPLEX_VERSION "0.1.0"
 
+/* What kind of failure an lp_error holds, so a caller (a scheduler, a
+ * server) can tell a full KV cache or a cancellation from a bad file or a
+ * bug in its own use of the API. */
+typedef enum lp_status {
+    LP_OK = 0,
+    LP_ERR_INVALID,    /* an argument or call the API rejects (misuse) */
+    LP_ERR_NOMEM,      /* out of memory */
+    LP_ERR_KV_FULL,    /* the KV cache (or a sequence's length limit) has no room */
+    LP_ERR_CANCELLED,  /* stopped by the caller's abort hook or a cancel */
+    LP_ERR_IO,         /* a file could not be opened, read, mapped or written */
+    LP_ERR_FORMAT,     /* a file's content is malformed or does not fit the model */
+} lp_status;
+
 typedef struct lp_error {
-    char message[512];
+    lp_status status;   /* LP_OK until a call fails */
+    char message[512];  /* human-readable: names the file or argument and the problem */
 } lp_error;
+
+/* "ok", "invalid argument", "out of memory", "KV cache full", "cancelled",
+ * "I/O error", "format error". */
+const char *lp_status_name(lp_status status);
 
 typedef struct lp_model lp_model;
 typedef struct lp_context lp_context;
@@ -125,6 +143,7 @@ typedef struct lp_context_params {
     int max_seq_len;      /* longest one sequence may get (default n_ctx) */
     int max_adapters;     /* adapter slots besides slot 0 = base (default 8) */
     int max_adapter_rank; /* highest LoRA rank a bound adapter may have (default 256) */
+    int max_embd_tables;  /* embedding tables that may be bound (default 4) */
     bool adapters_onehot; /* benchmark baseline only: compute EVERY bound adapter for
                              every row and mask by a one-hot selection, as a graph
                              with all adapters compiled in does */
@@ -140,26 +159,55 @@ lp_context *lp_context_create(const lp_model *model,
                               const lp_context_params *params, lp_error *err);
 void lp_context_free(lp_context *ctx);
 const lp_model *lp_context_model(const lp_context *ctx);
+/* The parameters the context was planned with, defaults filled in. */
+void lp_context_get_params(const lp_context *ctx, lp_context_params *params);
 
+/* One row of a batch. Build rows with designated initialisers, e.g.
+ *   (lp_row){.token = t, .pos = p, .seq = s, .parent = -1, .logits = true, .commit = true}
+ * (fields left out are 0: the base adapter, a token input). */
 typedef struct lp_row {
-    int32_t token;
-    int32_t pos;
-    int32_t seq;
+    int32_t token;        /* the input token; with embd > 0, the row of that
+                             embedding table to feed instead */
+    int32_t pos;          /* rope position (usually the sequence's length plus
+                             the row's depth in its parent chain) */
+    int32_t seq;          /* sequence id, 0..max_sequences-1 */
     int32_t adapter;      /* adapter slot, 0 = base only */
     int32_t parent;       /* index of an earlier row of the same sequence in
                              this batch that this row may see, with its own
-                             parents; -1 = only committed KV */
+                             parents; -1 = only committed KV. Note that 0 is
+                             row 0, so rows without a parent must say -1 */
+    int32_t embd;         /* 0: the input is token's embedding; k > 0: row
+                             `token` of the embedding table bound as k
+                             (lp_context_bind_embeddings), e.g. DS2D's learned
+                             forecast embeddings */
     bool logits;          /* compute logits for this row */
     bool commit;          /* append this row's KV to its sequence */
 } lp_row;
 
-/* Runs the batch. Never allocates. */
+/* Runs the batch. Never allocates. Rejected before any work (LP_ERR_INVALID):
+ * a token outside the vocabulary, a sequence, adapter slot or embedding
+ * table that does not exist or is not bound, a parent that is not an
+ * earlier row of the same sequence, more rows or logit rows than the
+ * context was planned for. LP_ERR_KV_FULL: the committed rows do not fit
+ * the KV cache or a sequence's length limit (nothing was changed). With an
+ * abort hook that fires, LP_ERR_CANCELLED and nothing is committed. */
 int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err);
 /* Logits (n_vocab floats) of row i of the last forward, NULL if that row
- * did not ask for logits. */
+ * did not ask for logits. Valid until the next lp_forward. */
 const float *lp_logits(const lp_context *ctx, int row);
-/* Commits rows of the last forward (in the order given) to their sequences. */
+/* Commits rows of the last forward (in the order given) to their sequences:
+ * the path a speculative tree accepted. A row may be committed once. */
 int lp_commit_rows(lp_context *ctx, const int *rows, int n, lp_error *err);
+/* A hook lp_forward calls between layers; returning true abandons the pass
+ * (LP_ERR_CANCELLED, nothing committed), so a long prefill can be
+ * interrupted. fn NULL removes it. */
+void lp_context_set_abort(lp_context *ctx, bool (*fn)(void *user), void *user);
+
+/* Binds an embedding table (n_rows x dim floats, row-major; it must outlive
+ * the binding) as table k (1..max_embd_tables): rows with embd = k feed
+ * row `token` of it instead of a token embedding. data NULL unbinds. */
+int lp_context_bind_embeddings(lp_context *ctx, int k, const float *data, int n_rows,
+                               lp_error *err);
 
 /* Sequences: ids 0..max_sequences-1. */
 int lp_seq_length(const lp_context *ctx, int seq);
@@ -169,6 +217,12 @@ void lp_seq_clear(lp_context *ctx, int seq);
 int lp_seq_truncate(lp_context *ctx, int seq, int n, lp_error *err);
 /* dst becomes a copy of src sharing all KV blocks (no data copied). */
 int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err);
+/* Entry pos of a committed sequence: its token (-1 for an embedding-table
+ * input) and the identity of the adapter it was computed with (0 = base;
+ * lp_adapter_identity). Returns 0, or -1 if there is no such entry. The
+ * engine's prefix cache matches prompts against these. */
+int lp_seq_entry(const lp_context *ctx, int seq, int pos, int32_t *token,
+                 uint64_t *adapter_identity);
 /* KV blocks in use / total (for tests and memory reports). */
 void lp_kv_usage(const lp_context *ctx, int *blocks_used, int *blocks_total,
                  int *block_tokens);
@@ -190,6 +244,10 @@ lp_adapter *lp_adapter_load(const lp_model *model, const char *path, float scale
 void lp_adapter_free(lp_adapter *adapter);
 const char *lp_adapter_name(const lp_adapter *adapter);
 uint64_t lp_adapter_bytes(const lp_adapter *adapter);
+/* A hash of everything that shapes the adapter's output: every weight byte,
+ * shape and scale (the load-time scale included). Never 0; KV made with one
+ * adapter is only reused for an adapter with the same identity. */
+uint64_t lp_adapter_identity(const lp_adapter *adapter);
 
 /* Binds an adapter to a slot (1..max_adapters) of a context; rows whose
  * `adapter` field is that slot get its correction. Rebinding a slot is just
@@ -197,6 +255,10 @@ uint64_t lp_adapter_bytes(const lp_adapter *adapter);
  * adapter must outlive the binding. */
 int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *adapter,
                             lp_error *err);
+/* The adapter bound to a slot (NULL: none; slot 0 is always the base). */
+const lp_adapter *lp_context_slot_adapter(const lp_context *ctx, int slot);
+/* Slots besides the base (max_adapters). */
+int lp_context_n_slots(const lp_context *ctx);
 
 /* ---- sampling ------------------------------------------------------------- */
 
@@ -282,6 +344,108 @@ typedef bool (*lp_text_fn)(void *user, const char *text, size_t len);
 int lp_generate(lp_context *ctx, lp_sampler *sampler, const int32_t *prompt,
                 int n_prompt, const lp_generate_params *params, lp_text_fn fn,
                 void *user, lp_generate_stats *stats, lp_error *err);
+
+/* ---- the engine: many requests, one batch per step ------------------------- */
+
+/* A step-wise scheduler over one context, built on the API above: it holds
+ * requests (prompt, adapter, sampler, stops, limits, a text callback) and
+ * each lp_engine_step builds ONE batch from all of them — decode rows of
+ * running requests first, then prefill chunks of new ones (at most
+ * max_prefill_rows a step, so decode latency stays low) — runs one
+ * lp_forward, samples, streams text and retires finished requests.
+ *
+ * Sequences are the engine's: it takes them from the range it was given,
+ * and binds request adapters to the context's slots as it needs them (a
+ * slot already bound to a request's adapter is used as it is). A finished
+ * request's KV stays as a prefix cache: a later request whose prompt
+ * starts with the same tokens computed with the same adapter identity
+ * starts from it instead of recomputing; requests admitted together that
+ * share a prefix compute it once (the later ones wait for it and fork its
+ * blocks). When the KV cache is full the engine first evicts idle cached
+ * prefixes (least recently used first), then preempts the youngest running
+ * request: its KV is dropped and it is requeued to recompute its prompt and
+ * the tokens it already generated, so its output is unchanged; a request
+ * that cannot fit even alone ends with status LP_ERR_KV_FULL and stop
+ * reason "context". The engine, like its context, is used by one thread. */
+typedef struct lp_engine lp_engine;
+
+/* Text of a request as it is produced (stop strings held back until
+ * resolved); return false to end the request ("callback"). */
+typedef bool (*lp_request_fn)(void *user, int request, const char *text, size_t len);
+
+typedef struct lp_request {
+    const int32_t *prompt;      /* prompt tokens (copied at submit), or NULL and ... */
+    int n_prompt;
+    const char *text;           /* ... the prompt as text (BOS as the model wants,
+                                   special tokens parsed) */
+    const lp_adapter *adapter;  /* NULL: the base */
+    const lp_adapter *prefix_adapter; /* the first n_prefix prompt tokens are computed
+                                   with this adapter instead (NULL: the base) — a
+                                   shared prompt under one adapter, continued
+                                   under another (CTG streams) */
+    int n_prefix;
+    lp_sampler *sampler;        /* borrowed; NULL: the engine makes one from sampling */
+    lp_sampler_params sampling;
+    int max_tokens;             /* tokens to generate at most (0: none) */
+    const char *const *stop;    /* stop strings (copied), n_stop of them */
+    int n_stop;
+    bool stop_at_eog;
+    int32_t first_token;        /* force the first generated token (-1: sample) */
+    int first_rank;             /* > 0: the first token is the first_rank-th most
+                                   likely one (1 = the best; CTG seeding) ... */
+    float first_min_prob;       /* ... and the request ends at once ("pruned") if
+                                   that token is less likely than this */
+    bool no_reuse;              /* compute the whole prompt (no prefix cache) */
+    bool drop_kv;               /* free the KV when done instead of caching it */
+    lp_request_fn fn;
+    void *user;
+} lp_request;
+
+/* max_tokens 128, stop_at_eog, first_token -1, sampling defaults. */
+lp_request lp_request_default(void);
+
+typedef struct lp_request_stats {
+    bool done;
+    lp_status status;           /* LP_OK; LP_ERR_KV_FULL; LP_ERR_CANCELLED; LP_ERR_INVALID */
+    const char *stop_reason;    /* "eog", "stop", "length", "callback", "context",
+                                   "pruned", "cancelled", "error" (an adapter the
+                                   context cannot take); NULL while running */
+    int n_prompt, n_reused;     /* prompt tokens; of them taken from cached KV */
+    int n_generated;
+    int n_preempted;            /* times its KV was dropped to make room */
+    int seq;                    /* its sequence while it runs or caches (-1: none) */
+} lp_request_stats;
+
+typedef struct lp_engine_params {
+    int max_prefill_rows;       /* prompt rows per step over all requests
+                                   (default: the context's max_rows) */
+    int first_seq, n_seqs;      /* the sequences it may use (default all) */
+} lp_engine_params;
+
+lp_engine_params lp_engine_default_params(void);
+/* The context's sequences in the range that hold KV become cached prefixes. */
+lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params,
+                            lp_error *err);
+/* Frees the engine and its requests; KV of unfinished requests is freed,
+ * cached prefixes stay in the context for a later engine. */
+void lp_engine_free(lp_engine *engine);
+/* Queues a request; returns its id (>= 0; valid until lp_engine_release). */
+int lp_engine_submit(lp_engine *engine, const lp_request *request, lp_error *err);
+/* One batch. Returns the number of requests not yet done (0: idle), -1 on an
+ * error the engine cannot attribute to one request. */
+int lp_engine_step(lp_engine *engine, lp_error *err);
+/* Steps until every request is done. */
+int lp_engine_run(lp_engine *engine, lp_error *err);
+/* Ends a request at the next step boundary ("cancelled"); its KV is freed. */
+int lp_engine_cancel(lp_engine *engine, int request, lp_error *err);
+int lp_engine_request_stats(const lp_engine *engine, int request,
+                            lp_request_stats *stats);
+/* Tokens it generated so far (owned by the engine, valid until it next steps). */
+const int32_t *lp_engine_request_tokens(const lp_engine *engine, int request, int *n);
+/* Forgets a done request (its id may be given to a later one). */
+void lp_engine_release(lp_engine *engine, int request);
+/* Forward passes run (all steps) and rows computed, for reports. */
+void lp_engine_counts(const lp_engine *engine, int64_t *steps, int64_t *rows);
 
 #ifdef __cplusplus
 }

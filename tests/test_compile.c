@@ -49,7 +49,7 @@ static bool run_logits(const lp_model *m, const int32_t *toks, int n, int slot,
         return false;
     }
     lp_row rows[32];
-    for (int i = 0; i < n; i++) rows[i] = (lp_row){toks[i], i, 0, slot, i - 1, i == n - 1, true};
+    for (int i = 0; i < n; i++) rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = 0, .adapter = slot, .parent = i - 1, .logits = i == n - 1, .commit = true};
     bool ok = lp_forward(ctx, rows, n, &err) == 0;
     if (!ok) fprintf(stderr, "forward: %s\n", err.message);
     else memcpy(out, lp_logits(ctx, n - 1), (size_t)m->hp.n_vocab * sizeof(float));
@@ -470,7 +470,7 @@ static void expect_reject(const uint8_t *img, size_t size, size_t at, const void
     uint8_t *copy = lp_alloc(size);
     memcpy(copy, img, size);
     memcpy(copy + at, bytes, n);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_model *m = lp_model_load_lpx_memory(copy, size, "bad.lpx", &err);
     CHECK_MSG(m == NULL, "corruption at %zu (%s) was accepted", at, want);
     lp_model_free(m);

@@ -40,7 +40,7 @@ static lp_context *make_ctx(const lp_model *m, int threads, int max_rows, int ma
 }
 
 static lp_row row(int32_t token, int pos, int seq, int parent, bool logits) {
-    lp_row r = {token, pos, seq, 0, parent, logits, true};
+    lp_row r = {.token = token, .pos = pos, .seq = seq, .parent = parent, .logits = logits, .commit = true};
     return r;
 }
 

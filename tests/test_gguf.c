@@ -99,7 +99,7 @@ static uint8_t *read_whole(const char *path, size_t *size) {
 static void expect_reject(const void *data, size_t size, const char *needle, const char *what) {
     uint8_t *copy = malloc(size ? size : 1);
     memcpy(copy, data, size);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *g = lp_gguf_open_memory(copy, size, "bad.gguf", &err);
     CHECK_MSG(g == NULL, "%s: accepted", what);
     CHECK_MSG(strstr(err.message, "bad.gguf") == err.message, "%s: message '%s'", what, err.message);
@@ -180,7 +180,7 @@ static void fill_writer(lp_gguf_writer *w) {
 }
 
 static void check_roundtrip_file(const lp_gguf *g) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     CHECK(lp_gguf_version(g) == 3);
     CHECK(lp_gguf_kv_count(g) == 23);
     lp_str s;
@@ -266,7 +266,7 @@ static void test_roundtrip(void) {
     char path[256], path2[256];
     path_in_dir(path, sizeof path, "rt.gguf");
     path_in_dir(path2, sizeof path2, "rt2.gguf");
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf_writer *w = lp_gguf_writer_create();
     fill_writer(w);
     CHECK_MSG(lp_gguf_writer_write(w, path, &err) == 0, "%s", err.message);
@@ -336,7 +336,7 @@ static void test_roundtrip(void) {
 /* ---- the shared model files ---------------------------------------------- */
 
 static void test_shared_models(void) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *g = lp_gguf_open(LP_SHARED_MODELS "/stories260K.gguf", &err);
     CHECK_MSG(g != NULL, "%s", err.message);
     if (g) {
@@ -413,7 +413,7 @@ static void one_tensor(buf *b, uint32_t n_dims, const uint64_t *dims, uint32_t t
 static void test_malformed(void) {
     buf ok = {0}, b = {0};
     build_small(&ok);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *g = lp_gguf_open_memory(ok.p, ok.len, "small.gguf", &err);
     CHECK_MSG(g != NULL, "%s", err.message);
     if (g) {

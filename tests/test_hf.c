@@ -185,7 +185,7 @@ static void convert(const char *path, const char *dir, const char *pattern, bool
 
 static const float *run(lp_context *ctx, const int32_t *toks, int n) {
     lp_row rows[32];
-    for (int i = 0; i < n; i++) rows[i] = (lp_row){toks[i], i, 0, 0, i - 1, i == n - 1, true};
+    for (int i = 0; i < n; i++) rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = 0, .adapter = 0, .parent = i - 1, .logits = i == n - 1, .commit = true};
     lp_error err;
     CHECK(lp_forward(ctx, rows, n, &err) == 0);
     return lp_logits(ctx, n - 1);

@@ -31,7 +31,7 @@ static int open_patched(const uint8_t *src, size_t src_size, size_t size, const 
 static void expect_reject(const uint8_t *src, size_t src_size, size_t size, const int32_t *header,
                           const char *needle, const char *what) {
     lp_llama2c m;
-    lp_error err = {{0}};
+    lp_error err = {0};
     int rc = open_patched(src, src_size, size, header, &m, &err);
     CHECK_MSG(rc == -1, "%s: accepted", what);
     CHECK_MSG(strstr(err.message, "bad.bin") == err.message && strstr(err.message, needle),
@@ -39,7 +39,7 @@ static void expect_reject(const uint8_t *src, size_t src_size, size_t size, cons
 }
 
 static void test_stories(void) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_llama2c m;
     int rc = lp_llama2c_open(LP_SHARED_MODELS "/stories260K.bin", &m, &err);
     CHECK_MSG(rc == 0, "%s", err.message);
@@ -129,7 +129,7 @@ static void test_unshared(void) {
     float *f = (float *)(p + 28);
     for (size_t i = 0; i < floats; i++) f[i] = (float)i;
     lp_llama2c m;
-    lp_error err = {{0}};
+    lp_error err = {0};
     int rc = lp_llama2c_open_memory(p, size, "unshared.bin", &m, &err);
     CHECK_MSG(rc == 0, "%s", err.message);
     if (rc == 0) {

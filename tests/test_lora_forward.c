@@ -29,7 +29,7 @@ static lp_context *make_ctx(const lp_model *m, int max_adapters) { return make_c
 
 static const float *prefill(lp_context *ctx, const int32_t *toks, int n, int seq, int slot) {
     lp_row rows[64];
-    for (int i = 0; i < n; i++) rows[i] = (lp_row){toks[i], i, seq, slot, i - 1, i == n - 1, true};
+    for (int i = 0; i < n; i++) rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = seq, .adapter = slot, .parent = i - 1, .logits = i == n - 1, .commit = true};
     lp_error err;
     if (lp_forward(ctx, rows, n, &err)) {
         fprintf(stderr, "forward: %s\n", err.message);
@@ -169,7 +169,7 @@ static void test_mixed_batch(const char *base_path, const char *dir, uint32_t pa
     for (int i = 0; i < 5; i++) /* ordered by position, so adapter groups interleave */
         for (int seq = 0; seq < 9; seq++) {
             int s = seq / 3, a = seq % 3;
-            rows[n] = (lp_row){prompts[s][i], i, seq, a, i ? last_row[seq] : -1, i == 4, true};
+            rows[n] = (lp_row){.token = prompts[s][i], .pos = i, .seq = seq, .adapter = a, .parent = i ? last_row[seq] : -1, .logits = i == 4, .commit = true};
             last_row[seq] = n++;
         }
     CHECK_MSG(lp_forward(ctx, rows, n, &err) == 0, "%s", err.message);

@@ -36,7 +36,7 @@ static uint8_t *make_file(const char *json, size_t data_len, size_t *size) {
 static void expect_reject(const char *json, size_t data_len, const char *needle) {
     size_t size;
     uint8_t *p = make_file(json, data_len, &size);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_safetensors *st = lp_safetensors_open_memory(p, size, "bad.safetensors", &err);
     CHECK_MSG(st == NULL, "accepted: %s", json);
     CHECK_MSG(strstr(err.message, "bad.safetensors") == err.message && strstr(err.message, needle),
@@ -77,7 +77,7 @@ static void write_sample(const char *path) {
     lp_st_writer_set_metadata(w, "format", "pt");
     lp_st_writer_set_metadata(w, "note", "quote \" and \\ ok");
     lp_st_writer_set_metadata(w, "format", "pt2"); /* replaces */
-    lp_error err = {{0}};
+    lp_error err = {0};
     CHECK_MSG(lp_st_writer_write(w, path, &err) == 0, "%s", err.message);
     lp_st_writer_free(w);
 }
@@ -86,7 +86,7 @@ static void test_roundtrip(void) {
     char path[256];
     path_in(path, sizeof path, "rt.safetensors");
     write_sample(path);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_safetensors *st = lp_safetensors_open(path, &err);
     CHECK_MSG(st != NULL, "%s", err.message);
     if (!st) return;
@@ -144,7 +144,7 @@ static void test_malformed(void) {
         "\"y\":{\"dtype\":\"F16\",\"shape\":[3],\"data_offsets\":[16,22]}}";
     size_t size;
     uint8_t *ok = make_file(good, 22, &size);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_safetensors *st = lp_safetensors_open_memory(ok, size, "good.safetensors", &err);
     CHECK_MSG(st && lp_safetensors_count(st) == 2, "%s", err.message);
     lp_safetensors_close(st);
@@ -231,7 +231,7 @@ static void write_shard(const char *name, const char *tensor, float value) {
     lp_st_writer *w = lp_st_writer_create();
     lp_st_writer_add(w, tensor, LP_ST_F32, 2, (const uint64_t[]){2, 2}, data, sizeof data);
     lp_st_writer_set_metadata(w, "format", "pt");
-    lp_error err = {{0}};
+    lp_error err = {0};
     CHECK_MSG(lp_st_writer_write(w, path, &err) == 0, "%s", err.message);
     lp_st_writer_free(w);
 }
@@ -244,7 +244,7 @@ static void test_sharded(void) {
     write_text(index, "{\"metadata\":{\"total_size\":32},\"weight_map\":{"
                       "\"layers.0.w\":\"model-00001-of-00002.safetensors\","
                       "\"layers.1.w\":\"model-00002-of-00002.safetensors\"}}");
-    lp_error err = {{0}};
+    lp_error err = {0};
     for (int via_dir = 0; via_dir < 2; via_dir++) {
         lp_safetensors *st = lp_safetensors_open(via_dir ? g_dir : index, &err);
         CHECK_MSG(st != NULL, "%s", err.message);

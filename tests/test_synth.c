@@ -25,21 +25,21 @@ static bool str_is(lp_str s, const char *c) { return lp_str_eq(s, c); }
 
 static uint32_t get_u32(const lp_gguf *g, const char *key) {
     uint32_t v = 0xdeadbeef;
-    lp_error err = {{0}};
+    lp_error err = {0};
     CHECK_MSG(lp_gguf_get_u32(g, key, &v, &err) == 1, "key %s: %s", key, err.message);
     return v;
 }
 
 static float get_f32(const lp_gguf *g, const char *key) {
     float v = -1.0f;
-    lp_error err = {{0}};
+    lp_error err = {0};
     CHECK_MSG(lp_gguf_get_f32(g, key, &v, &err) == 1, "key %s: %s", key, err.message);
     return v;
 }
 
 static bool key_str_is(const lp_gguf *g, const char *key, const char *want) {
     lp_str s = {0};
-    lp_error err = {{0}};
+    lp_error err = {0};
     return lp_gguf_get_str(g, key, &s, &err) == 1 && str_is(s, want);
 }
 
@@ -68,7 +68,7 @@ static uint32_t fitted(uint32_t want, uint64_t n) {
 /* Every key and tensor a llama.cpp loader expects for this configuration. */
 static void check_model_file(const char *path, const lp_synth_params *p,
                              uint64_t n_vocab) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *g = lp_gguf_open(path, &err);
     CHECK_MSG(g != NULL, "%s", err.message);
     if (!g) return;
@@ -164,13 +164,13 @@ static void check_model_file(const char *path, const lp_synth_params *p,
 }
 
 static void write_or_fail(const lp_synth_params *p, const char *path) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     int rc = lp_synth_write(p, path, &err);
     CHECK_MSG(rc == 0, "lp_synth_write %s: %s", path, err.message);
 }
 
 static void test_presets(void) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_synth_params p;
     const struct { const char *name; lp_arch arch; int dim, layers, heads, kv, hd, ffn, ctx;
                    float theta, eps; bool tied, l3; const char *vocab; } want[] = {
@@ -217,7 +217,7 @@ static void test_presets(void) {
 }
 
 static void tiny_params(lp_synth_params *p) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     CHECK(lp_synth_preset("tiny", p, &err) == 0);
 }
 
@@ -258,7 +258,7 @@ static void test_values(void) {
     write_or_fail(&p, tmp_path(qpath, sizeof qpath, "values-q4k.gguf"));
     check_model_file(qpath, &p, 259);
 
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *g = lp_gguf_open(path, &err), *q = lp_gguf_open(qpath, &err);
     CHECK_MSG(g && q, "%s", err.message);
     if (!g || !q) {
@@ -403,7 +403,7 @@ static void test_qwen(void) {
     check_model_file(path, &p, 151936);
 
     /* every tokenizer.* key of the vocabulary file came across */
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *v = lp_gguf_open(p.vocab_path, &err), *g = lp_gguf_open(path, &err);
     CHECK_MSG(v && g, "%s", err.message);
     if (v && g) {
@@ -458,7 +458,7 @@ static void test_llama3_rope(void) {
     p.tied_output = true;
     write_or_fail(&p, tmp_path(path, sizeof path, "llama3.gguf"));
     check_model_file(path, &p, 259);
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_gguf *g = lp_gguf_open(path, &err);
     lp_gguf *ref = lp_gguf_open(LP_SHARED_MODELS "/arch/llama3-tiny-random.gguf", &err);
     CHECK_MSG(g && ref, "%s", err.message);
@@ -485,7 +485,7 @@ static void test_llama3_rope(void) {
 
 static void test_bad_params(void) {
     char path[256];
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_synth_params p;
     tiny_params(&p);
     p.n_kv_heads = 3;
@@ -508,7 +508,7 @@ static void test_bad_params(void) {
 /* The adapter has exactly the reference adapter's keys and tensor layout. */
 static void test_lora(void) {
     char path[256];
-    lp_error err = {{0}};
+    lp_error err = {0};
     const char *base = LP_SHARED_MODELS "/stories260K.gguf";
     int rc = lp_synth_lora_write(base, 4, 4.0f, "q,k,v,o,gate,up,down", 5,
                                  tmp_path(path, sizeof path, "lora.gguf"), &err);

@@ -106,7 +106,7 @@ static void test_svg(void) {
 }
 
 static void test_eval(void) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_model *m = lp_model_load(LP_SHARED_MODELS "/stories260K.gguf", NULL, &err);
     lp_model *merged = lp_model_load(LP_SHARED_MODELS "/stories260K-lora-r4-merged.gguf", NULL, &err);
     CHECK_MSG(m && merged, "%s", err.message);

@@ -285,7 +285,7 @@ static void test_extra_only(void) {
 /* ---- checkpoint validation ------------------------------------------------------- */
 
 static bool ckpt_rejected(const uint8_t *data, size_t size, const char *what) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_train_model *m = NULL;
     lp_adamw opt;
     lp_rng rng;

@@ -21,8 +21,37 @@ int lp_fail(lp_error *err, const char *fmt, ...) {
         va_start(ap, fmt);
         vsnprintf(err->message, sizeof err->message, fmt, ap);
         va_end(ap);
+        err->status = LP_ERR_INVALID;
     }
     return -1;
+}
+
+int lp_fail_status(lp_error *err, lp_status status, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        err->status = status;
+    }
+    return -1;
+}
+
+void lp_error_as_format(lp_error *err) {
+    if (err && err->status == LP_ERR_INVALID) err->status = LP_ERR_FORMAT;
+}
+
+const char *lp_status_name(lp_status status) {
+    switch (status) {
+    case LP_OK: return "ok";
+    case LP_ERR_INVALID: return "invalid argument";
+    case LP_ERR_NOMEM: return "out of memory";
+    case LP_ERR_KV_FULL: return "KV cache full";
+    case LP_ERR_CANCELLED: return "cancelled";
+    case LP_ERR_IO: return "I/O error";
+    case LP_ERR_FORMAT: return "format error";
+    }
+    return "unknown status";
 }
 
 int lp_fail_prefix(lp_error *err, const char *fmt, ...) {
@@ -63,12 +92,12 @@ void lp_free(void *p) { free(p); }
 int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err) {
     memset(out, 0, sizeof *out);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return lp_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return lp_fail_status(err, LP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return lp_fail(err, "%s: cannot stat: %s", path, strerror(e));
+        return lp_fail_status(err, LP_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -79,7 +108,7 @@ int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err) {
         if (p == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return lp_fail(err, "%s: cannot map: %s", path, strerror(e));
+            return lp_fail_status(err, LP_ERR_IO, "%s: cannot map: %s", path, strerror(e));
         }
         out->data = p;
         out->size = (size_t)st.st_size;
@@ -98,13 +127,13 @@ int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,
                  lp_error *err) {
     *out = NULL;
     FILE *fp = fopen(path, "rb");
-    if (!fp) return lp_fail(err, "%s: cannot open: %s", path, strerror(errno));
+    if (!fp) return lp_fail_status(err, LP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     for (;;) {
         if (!buf) {
             fclose(fp);
-            return lp_fail(err, "%s: out of memory", path);
+            return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
         }
         size_t got = fread(buf + len, 1, cap - len - 1, fp);
         len += got;
@@ -125,7 +154,7 @@ int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,
     fclose(fp);
     if (failed) {
         free(buf);
-        return lp_fail(err, "%s: read error", path);
+        return lp_fail_status(err, LP_ERR_IO, "%s: read error", path);
     }
     buf[len] = 0;
     *out = buf;

@@ -14,11 +14,18 @@
 
 /* ---- errors ------------------------------------------------------------ */
 
-/* Writes a printf-style message into err (if non-NULL) and returns -1, so a
- * failing function can `return lp_fail(err, "...")`. */
+/* Writes a printf-style message into err (if non-NULL), sets its status to
+ * LP_ERR_INVALID and returns -1, so a failing function can
+ * `return lp_fail(err, "...")`. */
 int lp_fail(lp_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* Prefixes an existing message: "context: old message". */
+/* The same with another status (out of memory, KV full, I/O, ...). */
+int lp_fail_status(lp_error *err, lp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* A loader's failures that are not I/O or memory are the file's content:
+ * turns LP_ERR_INVALID into LP_ERR_FORMAT. */
+void lp_error_as_format(lp_error *err);
+/* Prefixes an existing message: "context: old message" (status kept). */
 int lp_fail_prefix(lp_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
 

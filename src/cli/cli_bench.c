@@ -122,8 +122,7 @@ static int prefill(lp_context *ctx, lp_row *rows, int max_rows, const int32_t *t
     for (int start = 0; start < n; start += max_rows) {
         int m = n - start < max_rows ? n - start : max_rows;
         for (int i = 0; i < m; i++)
-            rows[i] = (lp_row){tokens[start + i], start + i, seq, adapter, i - 1,
-                               start + i == n - 1, true};
+            rows[i] = (lp_row){.token = tokens[start + i], .pos = start + i, .seq = seq, .adapter = adapter, .parent = i - 1, .logits = start + i == n - 1, .commit = true};
         if (lp_forward(ctx, rows, m, err)) return -1;
     }
     return 0;
@@ -141,8 +140,7 @@ static double decode_steps(lp_context *ctx, lp_row *rows, const int *seqs, const
     double t0 = lp_now_seconds();
     for (int step = 0; step < n_steps; step++) {
         for (int i = 0; i < n_seqs; i++)
-            rows[i] = (lp_row){next[i], lp_seq_length(ctx, seqs[i]), seqs[i], adapters[i], -1,
-                               true, true};
+            rows[i] = (lp_row){.token = next[i], .pos = lp_seq_length(ctx, seqs[i]), .seq = seqs[i], .adapter = adapters[i], .parent = -1, .logits = true, .commit = true};
         if (lp_forward(ctx, rows, n_seqs, err)) return -1;
         for (int i = 0; i < n_seqs; i++) next[i] = tool_argmax(lp_logits(ctx, i), info.n_vocab);
     }
@@ -156,7 +154,7 @@ static double decode_speed(lp_context *ctx, lp_row *rows, int max_rows, const in
                            int n_seqs, int n_prompt, int n_steps, uint64_t seed, lp_error *err) {
     int seqs[MAX_MIXED] = {0};
     int32_t first[MAX_MIXED] = {0}, *prompt = malloc((size_t)n_prompt * sizeof *prompt);
-    if (!prompt) return lp_fail(err, "out of memory");
+    if (!prompt) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < n_seqs; i++) {
         seqs[i] = i;
         lp_seq_clear(ctx, i);
@@ -293,7 +291,7 @@ static void print_summary_json(const char *key, tool_summary s) {
 }
 
 static int bench_speed(const bench_options *o) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     speed_result res[MAX_LIST];
     uint64_t model_bytes = file_bytes(o->model), wbpt = 0;
     lp_model_info info = {0};
@@ -445,7 +443,7 @@ static int env_load(bench_env *e, const bench_options *o, lp_error *err) {
     if (!(e->model = lp_model_load(o->model, NULL, err))) return lp_fail_prefix(err, "%s", o->model);
     e->load_ms = (lp_now_seconds() - t0) * 1e3;
     if (!o->adapters) return 0;
-    if (!(e->adapter_list = strdup(o->adapters))) return lp_fail(err, "out of memory");
+    if (!(e->adapter_list = strdup(o->adapters))) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
     double ms[MAX_BENCH_ADAPTERS];
     for (char *p = e->adapter_list; p && *p;) {
         char *comma = strchr(p, ',');
@@ -575,7 +573,7 @@ static int streams_svg(const bench_options *o, const streams_point *pts, int n, 
 }
 
 static int bench_streams(const bench_options *o) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     bench_env e;
     int rc = 1, max_n = 0;
     lp_context *ctx = NULL;
@@ -772,7 +770,7 @@ static int modes_svg(const bench_options *o, const modes_point *pts, int n, doub
 }
 
 static int bench_adapter_modes(const bench_options *o) {
-    lp_error err = {{0}};
+    lp_error err = {0};
     bench_env e;
     int rc = 1, max_k = 0;
     bool failed = false;

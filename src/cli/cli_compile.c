@@ -154,7 +154,7 @@ int cli_compile(int argc, char **argv) {
     p.progress = on_progress;
     p.note = on_note;
     p.user = &ps;
-    lp_error err = {{0}};
+    lp_error err = {0};
     double t0 = lp_now_seconds();
     /* no_repack: quantized GGUF sources are read in their own layout and repacked
      * by the compiler itself (bit for bit where the formats match) */

@@ -70,7 +70,7 @@ static int eval_tokenize(const lp_model *model, const char *text, size_t len, in
     if (len > (size_t)1 << 30) return lp_fail(err, "text too long (%zu bytes)", len);
     int cap = (int)len + 16;
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
-    if (!tokens) return lp_fail(err, "out of memory");
+    if (!tokens) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
     int n = lp_tokenize(model, text, len, false, false, tokens, cap, err);
     if (n < 0 || n > cap) {
         if (n > cap) lp_fail(err, "tokenizer returned more tokens than bytes");
@@ -106,8 +106,7 @@ static lp_context *eval_context(const lp_model *model, const lp_adapter *adapter
 static int eval_chunk(lp_context *ctx, lp_row *rows, const int32_t *chunk, int c, int first,
                       int32_t bos, bool adapter, lp_error *err) {
     for (int i = 0; i < c; i++)
-        rows[i] = (lp_row){i == 0 && bos >= 0 ? bos : chunk[i], i, 0, adapter ? 1 : 0, i - 1,
-                           i >= first && i < c - 1, false};
+        rows[i] = (lp_row){.token = i == 0 && bos >= 0 ? bos : chunk[i], .pos = i, .seq = 0, .adapter = adapter ? 1 : 0, .parent = i - 1, .logits = i >= first && i < c - 1, .commit = false};
     lp_seq_clear(ctx, 0);
     return lp_forward(ctx, rows, c, err);
 }
@@ -136,7 +135,7 @@ static int eval_run(const lp_model *model, const lp_model *ref, const int32_t *t
     double *kl = calloc(n_scored, sizeof *kl), *dp = calloc(n_scored, sizeof *dp),
            *top_dp = calloc(n_scored, sizeof *top_dp);
     if (!rows || !kl || !dp || !top_dp) {
-        lp_fail(err, "out of memory");
+        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         goto out;
     }
     if (!(ctx = eval_context(model, o->adapter, o, err))) goto out;
@@ -315,7 +314,7 @@ int cli_eval(int argc, char **argv) {
         fprintf(stderr, "loraplex eval: -m MODEL and -f TEXT are required (see --help)\n");
         return 2;
     }
-    lp_error err = {{0}};
+    lp_error err = {0};
     int rc = 1;
     char *text = NULL;
     size_t len = 0;

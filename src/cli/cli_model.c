@@ -95,7 +95,7 @@ int cli_info(int argc, char **argv) {
         fprintf(stderr, "usage: loraplex info MODEL [--tokenizer PATH] [--tensors]\n");
         return 2;
     }
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);
@@ -159,7 +159,7 @@ int cli_tokenize(int argc, char **argv) {
                         "[--special] [--ids]\n");
         return 2;
     }
-    lp_error err = {{0}};
+    lp_error err = {0};
     lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);

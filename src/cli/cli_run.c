@@ -227,7 +227,7 @@ static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const
         free(tokens);
         tokens = malloc((size_t)cap * sizeof(int32_t));
         n = tokens ? lp_tokenize(model, text, len, add_bos, o->chat, tokens, cap, err)
-                   : lp_fail(err, "out of memory");
+                   : lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         if (n <= cap) break;
         cap = n;
     }
@@ -245,7 +245,7 @@ int cli_run(int argc, char **argv) {
     run_options o;
     int rc = parse_run(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
-    lp_error err = {{0}};
+    lp_error err = {0};
     char *file_text = NULL, *adapters_copy = NULL, *suffix_copy = NULL, *temps_copy = NULL;
     char *adapter_specs[MAX_ADAPTERS], *suffix_list[MAX_STREAMS], *temp_list[MAX_STREAMS];
     lp_adapter *adapters[MAX_ADAPTERS + 1] = {0};

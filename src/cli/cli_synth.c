@@ -107,7 +107,7 @@ int cli_synth(int argc, char **argv) {
         fprintf(stderr, "loraplex synth: -o OUT is required (see --help)\n");
         return 2;
     }
-    lp_error err = {{0}};
+    lp_error err = {0};
     if (lora_base) {
         if (lp_synth_lora_write(lora_base, (int)rank, alpha > 0 ? (float)alpha : (float)rank,
                                 targets, (uint64_t)seed, out, &err))

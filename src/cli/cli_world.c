@@ -187,7 +187,7 @@ static int read_eval(const char *path, int max, eval_record **out, lp_error *err
                 cJSON_Delete(j);
                 free(data);
                 free_records(rs, n);
-                return lp_fail(err, "%s: out of memory", path);
+                return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
             }
             rs = grown;
         }
@@ -199,7 +199,7 @@ static int read_eval(const char *path, int max, eval_record **out, lp_error *err
         if (!r->prompt || !r->completion) {
             free(data);
             free_records(rs, n);
-            return lp_fail(err, "%s: out of memory", path);
+            return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
         }
     }
     free(data);
@@ -402,14 +402,14 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     ss = calloc((size_t)o->batch, sizeof *ss);
     rows = calloc((size_t)max_rows, sizeof *rows);
     if (!ss || !rows) {
-        lp_fail(err, "out of memory");
+        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int i = 0; i < o->batch; i++) {
         ss[i].cap = max_seq_len;
         ss[i].tokens = calloc((size_t)max_seq_len, sizeof(int32_t));
         if (!ss[i].tokens) {
-            lp_fail(err, "out of memory");
+            lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
             goto done;
         }
     }
@@ -450,7 +450,7 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
                     for (int k = 0; k < 2; k++) {
                         if (!gs[k]) {
                             free_records(rs, n);
-                            lp_fail(err, "out of memory");
+                            lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
                             goto done;
                         }
                         eval_score *sc = &gs[k]->score[which];

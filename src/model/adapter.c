@@ -125,13 +125,14 @@ void lp_adapter_free(lp_adapter *a) {
 
 const char *lp_adapter_name(const lp_adapter *a) { return a->name; }
 uint64_t lp_adapter_bytes(const lp_adapter *a) { return a->bytes; }
+uint64_t lp_adapter_identity(const lp_adapter *a) { return a ? a->tag : 0; }
 
 static lp_adapter *adapter_new(const lp_model *model, int n_layers, lp_error *err) {
     lp_adapter *a = calloc(1, sizeof *a);
     if (a) a->pairs = calloc((size_t)(n_layers > 0 ? n_layers : 1) * LP_PROJ_COUNT, sizeof *a->pairs);
     if (!a || !a->pairs) {
         free(a);
-        lp_fail(err, "out of memory");
+        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     a->base = model;
@@ -204,7 +205,7 @@ static int push_piece(piece_list *l, const piece *p, lp_error *err) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
         piece *grown = realloc(l->items, cap * sizeof *grown);
-        if (!grown) return lp_fail(err, "out of memory");
+        if (!grown) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         l->items = grown;
         l->cap = cap;
     }
@@ -262,7 +263,7 @@ static int convert(lp_adapter *a, const src_tensor *t, int permute_dir, int head
     if (!lp_mul_ok((size_t)t->cols, esz, &row_bytes) || !lp_mul_ok(row_bytes, (size_t)t->rows, &bytes))
         return lp_fail(err, "%s: tensor '%s' is too large", what, t->name);
     uint8_t *dst = adapter_own(a, bytes ? bytes : 1);
-    if (!dst) return lp_fail(err, "%s: out of memory for tensor '%s'", what, t->name);
+    if (!dst) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory for tensor '%s'", what, t->name);
     const uint8_t *src = t->data;
     for (uint64_t r = 0; r < t->rows; r++) {
         uint64_t sr = permute_dir ? source_row(r, head_dim, permute_dir) : r;
@@ -325,7 +326,7 @@ static int fold_norm_gains(lp_adapter *a, const char *what, lp_error *err) {
             if (!gain || pair->rank == 0) continue;
             int64_t rows = pair->A.rows, cols = pair->A.cols;
             float *A = adapter_own(a, (size_t)rows * (size_t)cols * sizeof(float));
-            if (!A) return lp_fail(err, "%s: out of memory folding norm gains", what);
+            if (!A) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory folding norm gains", what);
             for (int64_t r = 0; r < rows; r++) {
                 lp_dequantize_row(pair->A.type, (const uint8_t *)pair->A.data + (size_t)r * pair->A.row_bytes,
                                   A + r * cols, cols);
@@ -345,7 +346,7 @@ static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *ru
     const lp_model *m = a->base;
     size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
     const piece **halves = calloc(n_slots * 2, sizeof *halves);
-    if (!halves) return lp_fail(err, "out of memory");
+    if (!halves) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < pl->n && rc == 0; i++) {
         const piece *p = &pl->items[i];
@@ -887,7 +888,7 @@ static int check_lpa_data(const lp_lpa_entry *e, const char *what, lp_error *err
     for (int h = 0; h < 2; h++) {
         lp_weight w = lpa_half(e, h == 1);
         float *row = lp_alloc((size_t)w.cols * sizeof(float));
-        if (!row) return lp_fail(err, "out of memory");
+        if (!row) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         bool finite = true;
         for (int64_t r = 0; r < w.rows && finite; r++) {
             lp_weight_dequantize_row(&w, r, row);
@@ -973,7 +974,7 @@ static lp_adapter *load_any(const lp_model *m, const char *path, float scale, lp
     size_t got = f ? fread(magic, 1, 4, f) : 0;
     if (f) fclose(f);
     if (!f) {
-        lp_fail(err, "%s: cannot open", path);
+        lp_fail_status(err, LP_ERR_IO, "%s: cannot open", path);
         return NULL;
     }
     if (got == 4 && !memcmp(magic, "GGUF", 4)) return load_gguf(m, path, scale, err);
@@ -984,23 +985,54 @@ static lp_adapter *load_any(const lp_model *m, const char *path, float scale, lp
 
 /* A hash of the adapter's shapes, scales and sampled weight bytes: the tag
  * that KV entries computed with it carry. */
+/* A 64-bit mix of n bytes into h: four independent multiply-xorshift lanes
+ * over 8-byte words (so hashing a large adapter costs about a read of it),
+ * the tail byte by byte, all lanes folded at the end. */
+static uint64_t mix64(uint64_t x) {
+    x ^= x >> 33;
+    x *= 0xff51afd7ed558ccdULL;
+    x ^= x >> 33;
+    x *= 0xc4ceb9fe1a85ec53ULL;
+    x ^= x >> 33;
+    return x;
+}
+
+static uint64_t hash_bytes(uint64_t h, const void *data, size_t n) {
+    const uint8_t *p = data;
+    uint64_t lane[4] = {h, h ^ 0x9e3779b97f4a7c15ULL, h ^ 0xbf58476d1ce4e5b9ULL, h ^ 0x94d049bb133111ebULL};
+    size_t i = 0;
+    for (; i + 32 <= n; i += 32)
+        for (int k = 0; k < 4; k++) {
+            uint64_t w;
+            memcpy(&w, p + i + 8 * k, sizeof w);
+            lane[k] = (lane[k] ^ w) * 0x100000001b3ULL;
+            lane[k] ^= lane[k] >> 29;
+        }
+    uint64_t out = mix64(lane[0]) ^ mix64(lane[1] + 1) ^ mix64(lane[2] + 2) ^ mix64(lane[3] + 3);
+    for (; i < n; i++) out = (out ^ p[i]) * 0x100000001b3ULL;
+    return mix64(out ^ (uint64_t)n);
+}
+
+static uint64_t hash_half(uint64_t h, const lp_weight *w) {
+    int64_t shape[4] = {w->type, w->rows, w->cols, w->group};
+    h = hash_bytes(h, shape, sizeof shape);
+    return hash_bytes(h, w->data, half_bytes(w));
+}
+
+/* The adapter's identity: every shape, scale and weight byte, so KV made
+ * with it is never served to an adapter that differs anywhere. */
 static uint64_t adapter_tag(const lp_adapter *a) {
-    /* FNV-1a over the adapter's shapes, scales and sampled weight bytes. */
     uint64_t h = 0xcbf29ce484222325ULL;
-#define MIX(ptr, len) for (size_t i_ = 0; i_ < (size_t)(len); i_++) { h ^= ((const uint8_t *)(ptr))[i_]; h *= 0x100000001b3ULL; }
     for (int l = 0; l < a->n_layers; l++)
         for (int p = 0; p < LP_PROJ_COUNT; p++) {
             const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
-            MIX(&pr->rank, sizeof pr->rank);
-            MIX(&pr->scale, sizeof pr->scale);
+            int32_t head[2] = {l * LP_PROJ_COUNT + p, pr->rank};
+            h = hash_bytes(h, head, sizeof head);
+            h = hash_bytes(h, &pr->scale, sizeof pr->scale);
             if (!pr->rank) continue;
-            size_t na = half_bytes(&pr->A), nb = half_bytes(&pr->B);
-            MIX(pr->A.data, na < 64 ? na : 64);
-            MIX((const uint8_t *)pr->A.data + na - (na < 64 ? na : 64), na < 64 ? na : 64);
-            MIX(pr->B.data, nb < 64 ? nb : 64);
-            MIX((const uint8_t *)pr->B.data + nb - (nb < 64 ? nb : 64), nb < 64 ? nb : 64);
+            h = hash_half(h, &pr->A);
+            h = hash_half(h, &pr->B);
         }
-#undef MIX
     return h ? h : 1;
 }
 
@@ -1011,6 +1043,7 @@ lp_adapter *lp_adapter_load(const lp_model *model, const char *path, float scale
     }
     lp_adapter *a = load_any(model, path, scale, err);
     if (a) a->tag = adapter_tag(a);
+    else lp_error_as_format(err);
     return a;
 }
 

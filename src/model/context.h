@@ -70,6 +70,18 @@ struct lp_context {
     int n_rows;
     int *commit_count; /* [max_sequences] scratch for capacity checks */
     int *commit_block, *commit_slot; /* [rows] where a committed row's entry goes */
+    uint64_t *row_tag; /* [rows] identity of the adapter each row was computed with,
+                        * taken at forward time (a slot rebound before a later
+                        * lp_commit_rows must not relabel the row's KV) */
+    double *attn_cost; /* [rows] running sum of the rows' attention work (visible
+                        * entries), for splitting attention evenly across threads */
+
+    /* embedding tables: slots 1..max_embd_tables, [n][dim] floats each */
+    const float **embd;
+    int *embd_rows;
+
+    bool (*abort_fn)(void *user); /* checked between layers */
+    void *abort_user;
 
     /* adapters: slots 1..max_adapters, and the per-forward grouping of rows */
     lp_slot *slots;       /* [max_adapters + 1]; slot 0 = base */
@@ -83,6 +95,14 @@ struct lp_context {
     struct lora_batch *lora_batch; /* the pending LoRA pieces (forward.c) */
     int max_rank;         /* planned rank limit */
 };
+
+/* Attention work of the last batch split across n_threads: items i of
+ * [*begin, *end) are (KV head i / n_rows, row i % n_rows), chosen so each
+ * thread's rows see about the same number of entries (forward.c). */
+void lp_attention_share(const lp_context *ctx, int thread, int n_threads, int64_t *begin,
+                        int64_t *end);
+/* Whether the last batch's attention is worth waking the pool for. */
+bool lp_attention_parallel(const lp_context *ctx);
 
 /* KV helpers shared by forward and the sequence API (kv.c). A block's keys
  * of one layer and head are transposed, [head_dim][block_tokens]; its
@@ -103,5 +123,8 @@ void lp_kv_reserve_row(lp_context *ctx, int r, int pos);
 void lp_kv_store_row(const lp_context *ctx, int r, int layer, int head);
 /* Counts row r's reserved entry into its sequence (after its stores). */
 void lp_kv_finish_row(lp_context *ctx, int r);
+/* Gives back what lp_kv_reserve_row took for row r when the pass is
+ * abandoned before lp_kv_finish_row. */
+void lp_kv_unreserve_row(lp_context *ctx, int r);
 
 #endif

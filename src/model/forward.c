@@ -24,6 +24,7 @@ lp_context_params lp_context_default_params(void) {
     p.max_seq_len = 0;
     p.max_adapters = 8;
     p.max_adapter_rank = 256;
+    p.max_embd_tables = 4;
     return p;
 }
 
@@ -73,6 +74,9 @@ static int resolve_params(const lp_model *m, const lp_context_params *in,
     if (p->max_seq_len <= 0 || p->max_seq_len > p->n_ctx) p->max_seq_len = p->n_ctx;
     if (p->max_adapters <= 0) p->max_adapters = 8;
     if (p->max_adapter_rank <= 0) p->max_adapter_rank = 256;
+    if (p->max_embd_tables <= 0) p->max_embd_tables = 4;
+    if (p->max_embd_tables > 4096)
+        return lp_fail(err, "max_embd_tables %d out of range (1..4096)", p->max_embd_tables);
     if (p->max_adapters > 4096 || p->max_adapter_rank > 65536)
         return lp_fail(err, "adapter limits out of range (max_adapters %d, max_adapter_rank %d)",
                        p->max_adapters, p->max_adapter_rank);
@@ -105,7 +109,7 @@ static int kv_init(lp_context *ctx, lp_error *err) {
     kv->v = plan_alloc(total, kv->elem_bytes, &ok);
     kv->refcount = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
     kv->free_list = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
-    if (!ok) return lp_fail(err, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);
+    if (!ok) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);
     for (int b = 0; b < kv->n_blocks; b++) kv->free_list[b] = kv->n_blocks - 1 - b;
     kv->n_free = kv->n_blocks;
 
@@ -117,14 +121,14 @@ static int kv_init(lp_context *ctx, lp_error *err) {
         seq->tokens = plan_alloc((size_t)ctx->params.max_seq_len, sizeof(int32_t), &ok);
         seq->tags = plan_alloc((size_t)ctx->params.max_seq_len, sizeof(uint64_t), &ok);
     }
-    return ok ? 0 : lp_fail(err, "out of memory for sequence tables");
+    return ok ? 0 : lp_fail_status(err, LP_ERR_NOMEM, "out of memory for sequence tables");
 }
 
 lp_context *lp_context_create(const lp_model *m, const lp_context_params *params,
                               lp_error *err) {
     lp_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) {
-        lp_fail(err, "out of memory");
+        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     ctx->model = m;
@@ -183,6 +187,10 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->commit_slot = plan_alloc(rows, sizeof(int), &ok);
     ctx->chain_len = plan_alloc(rows, sizeof(int), &ok);
     ctx->run_len = plan_alloc(rows, sizeof(int), &ok);
+    ctx->row_tag = plan_alloc(rows, sizeof(uint64_t), &ok);
+    ctx->attn_cost = plan_alloc(rows, sizeof(double), &ok);
+    ctx->embd = plan_alloc((size_t)ctx->params.max_embd_tables + 1, sizeof(const float *), &ok);
+    ctx->embd_rows = plan_alloc((size_t)ctx->params.max_embd_tables + 1, sizeof(int), &ok);
     size_t widest = wide > (size_t)hp->ffn_dim ? wide : (size_t)hp->ffn_dim;
     ctx->max_rank = ctx->params.max_adapter_rank;
     ctx->slots = plan_alloc((size_t)ctx->params.max_adapters + 1, sizeof(lp_slot), &ok);
@@ -201,7 +209,7 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->lora_y = plan_alloc(ctx->lora_y_cap, sizeof(float), &ok);
     ctx->lora_batch = plan_alloc(1, sizeof(lora_batch), &ok);
     if (!ok) {
-        lp_fail(err, "out of memory planning buffers for %zu rows", rows);
+        lp_fail_status(err, LP_ERR_NOMEM, "out of memory planning buffers for %zu rows", rows);
         goto fail;
     }
     return ctx;
@@ -228,13 +236,16 @@ void lp_context_free(lp_context *ctx) {
     void *bufs[] = {ctx->x, ctx->xn, ctx->q, ctx->qkv, ctx->k_new, ctx->k_new_t, ctx->v_new, ctx->gate, ctx->up,
                     ctx->rope_cos, ctx->rope_sin, ctx->scores, ctx->logit_in, ctx->logits,
                     ctx->logit_slot, ctx->rows, ctx->commit_count, ctx->commit_block, ctx->commit_slot,
-                    ctx->chain_len, ctx->run_len, ctx->slots, ctx->group_rows, ctx->group_start, ctx->lora_x,
+                    ctx->chain_len, ctx->run_len, ctx->row_tag, ctx->attn_cost, (void *)ctx->embd,
+                    ctx->embd_rows, ctx->slots, ctx->group_rows, ctx->group_start, ctx->lora_x,
                     ctx->lora_t, ctx->lora_y, ctx->lora_batch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(bufs[i]);
     free(ctx);
 }
 
 const lp_model *lp_context_model(const lp_context *ctx) { return ctx->model; }
+
+void lp_context_get_params(const lp_context *ctx, lp_context_params *params) { *params = ctx->params; }
 
 /* ---- batch validation ------------------------------------------------------------ */
 
@@ -246,7 +257,12 @@ static int validate_batch(lp_context *ctx, const lp_row *rows, int n, lp_error *
     memset(ctx->commit_count, 0, (size_t)p->max_sequences * sizeof(int));
     for (int i = 0; i < n; i++) {
         const lp_row *r = &rows[i];
-        if (r->token < 0 || r->token >= ctx->model->hp.n_vocab)
+        if (r->embd < 0 || r->embd > p->max_embd_tables || (r->embd > 0 && !ctx->embd[r->embd]))
+            return lp_fail(err, "row %d: embedding table %d is not bound", i, r->embd);
+        if (r->embd > 0 && (r->token < 0 || r->token >= ctx->embd_rows[r->embd]))
+            return lp_fail(err, "row %d: row %d is outside embedding table %d (%d rows)", i, r->token,
+                           r->embd, ctx->embd_rows[r->embd]);
+        if (r->embd == 0 && (r->token < 0 || r->token >= ctx->model->hp.n_vocab))
             return lp_fail(err, "row %d: token %d is outside the vocabulary (%d)", i, r->token,
                            ctx->model->hp.n_vocab);
         if (r->seq < 0 || r->seq >= p->max_sequences)
@@ -272,12 +288,13 @@ static int validate_batch(lp_context *ctx, const lp_row *rows, int n, lp_error *
         int c = ctx->commit_count[s];
         if (c == 0) continue;
         if (ctx->seqs[s].length + c > p->max_seq_len)
-            return lp_fail(err, "sequence %d would grow to %d tokens (limit %d)", s,
-                           ctx->seqs[s].length + c, p->max_seq_len);
+            return lp_fail_status(err, LP_ERR_KV_FULL, "sequence %d would grow to %d tokens (limit %d)", s,
+                                  ctx->seqs[s].length + c, p->max_seq_len);
         blocks += lp_kv_blocks_needed(ctx, s, c);
     }
     if (blocks > ctx->kv.n_free)
-        return lp_fail(err, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
+        return lp_fail_status(err, LP_ERR_KV_FULL, "KV cache full: %d blocks needed, %d free", blocks,
+                              ctx->kv.n_free);
     return 0;
 }
 
@@ -403,6 +420,41 @@ static void attend_group(lp_context *ctx, int layer, int r, int g, float *scores
     }
 }
 
+/* The first item (KV head g, row r at g * n + r) whose work starts at or
+ * after `at`, the work of all items before it being their rows' visible
+ * entries. */
+static int64_t attention_item_at(const lp_context *ctx, double at) {
+    int64_t n = ctx->n_rows, n_kv = ctx->model->hp.n_kv_heads;
+    double per_head = ctx->attn_cost[n - 1];
+    if (per_head <= 0) return 0;
+    int64_t g = (int64_t)(at / per_head);
+    if (g >= n_kv) return n * n_kv;
+    double in_head = at - (double)g * per_head;
+    /* rows whose cumulative cost (through them) is <= in_head lie before */
+    int64_t lo = 0, hi = n;
+    while (lo < hi) {
+        int64_t mid = (lo + hi) / 2;
+        double before = mid > 0 ? ctx->attn_cost[mid - 1] : 0;
+        if (before < in_head) lo = mid + 1;
+        else hi = mid;
+    }
+    return g * n + lo;
+}
+
+void lp_attention_share(const lp_context *ctx, int thread, int n_threads, int64_t *begin, int64_t *end) {
+    double total = ctx->attn_cost[ctx->n_rows - 1] * ctx->model->hp.n_kv_heads;
+    *begin = thread == 0 ? 0 : attention_item_at(ctx, total * thread / n_threads);
+    *end = thread == n_threads - 1 ? (int64_t)ctx->n_rows * ctx->model->hp.n_kv_heads
+                                    : attention_item_at(ctx, total * (thread + 1) / n_threads);
+}
+
+bool lp_attention_parallel(const lp_context *ctx) {
+    /* small attention (tiny models, short contexts) runs inline: waking the
+     * pool would cost more than the work */
+    const lp_hparams *hp = &ctx->model->hp;
+    return ctx->attn_cost[ctx->n_rows - 1] * (double)hp->n_heads * (double)hp->head_dim >= 65536.0;
+}
+
 static void attention_worker(void *arg, int thread, int n_threads) {
     attention_task *task = arg;
     lp_context *ctx = task->ctx;
@@ -415,7 +467,7 @@ static void attention_worker(void *arg, int thread, int n_threads) {
      * so streams sharing a prompt read its keys and values from memory
      * once, not once per row and thread */
     int64_t begin, end, n = ctx->n_rows;
-    lp_split_range(n * n_kv, thread, n_threads, 1, &begin, &end);
+    lp_attention_share(ctx, thread, n_threads, &begin, &end);
     for (int64_t i = begin; i < end; i++) {
         int r = (int)(i % n), g = (int)(i / n);
         attend_group(ctx, task->layer, r, g, scores);
@@ -526,6 +578,26 @@ static void apply_lora(lp_context *ctx, int layer, int n_proj, const lp_proj *pr
         }
     }
     lora_flush(ctx, b);
+}
+
+const lp_adapter *lp_context_slot_adapter(const lp_context *ctx, int slot) {
+    return slot >= 1 && slot <= ctx->params.max_adapters ? ctx->slots[slot].adapter : NULL;
+}
+
+int lp_context_n_slots(const lp_context *ctx) { return ctx->params.max_adapters; }
+
+void lp_context_set_abort(lp_context *ctx, bool (*fn)(void *user), void *user) {
+    ctx->abort_fn = fn;
+    ctx->abort_user = user;
+}
+
+int lp_context_bind_embeddings(lp_context *ctx, int k, const float *data, int n_rows, lp_error *err) {
+    if (k < 1 || k > ctx->params.max_embd_tables)
+        return lp_fail(err, "embedding table %d out of range (1..%d)", k, ctx->params.max_embd_tables);
+    if (data && n_rows < 1) return lp_fail(err, "embedding table %d: %d rows", k, n_rows);
+    ctx->embd[k] = data;
+    ctx->embd_rows[k] = data ? n_rows : 0;
+    return 0;
 }
 
 int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_error *err) {
@@ -725,10 +797,7 @@ static void layer_forward(lp_context *ctx, int l) {
     run_rows(ctx, (rows_task){.ctx = ctx, .layer = l, .step = ROW_ATTN_NORM});
     attention_inputs(ctx, l, k_new, v_new);
     attention_task task = {ctx, l};
-    /* Small attention (tiny models, short contexts) runs inline: waking the
-     * pool would cost more than the work. */
-    double work = (double)n * (double)q_dim * (double)(ctx->seqs[ctx->rows[0].seq].length + n);
-    lp_threadpool_run(work < 65536.0 ? NULL : ctx->pool, attention_worker, &task);
+    lp_threadpool_run(lp_attention_parallel(ctx) ? ctx->pool : NULL, attention_worker, &task);
     /* attention output (in xn, q_dim wide) -> gate buffer as scratch, then residual */
     matmul(ctx, &L->wo, ctx->xn, q_dim, ctx->gate, dim, n);
     static const lp_proj o_proj[1] = {LP_PROJ_O}, down_proj[1] = {LP_PROJ_DOWN};
@@ -760,6 +829,9 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
         ctx->chain_len[r] = parent >= 0 ? ctx->chain_len[parent] + 1 : 1;
         ctx->run_len[r] = r > 0 && parent == r - 1 ? ctx->run_len[r - 1] + 1 : 1;
         ctx->batch_has_runs |= ctx->run_len[r] > 1;
+        ctx->row_tag[r] = ctx->slots[rows[r].adapter].tag;
+        double visible = (double)ctx->seqs[rows[r].seq].length + ctx->chain_len[r];
+        ctx->attn_cost[r] = (r > 0 ? ctx->attn_cost[r - 1] : 0) + visible;
     }
     /* committed rows' places in the cache, in row order per sequence; their
      * keys and values go in as attention finishes with them (layer by
@@ -768,11 +840,24 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
     for (int r = 0; r < n_rows; r++)
         if (rows[r].commit) lp_kv_reserve_row(ctx, r, ctx->seqs[rows[r].seq].length + ctx->commit_count[rows[r].seq]++);
 
-    for (int r = 0; r < n_rows; r++)
-        lp_weight_dequantize_row(&m->tok_embd, rows[r].token, ctx->x + r * dim);
+    for (int r = 0; r < n_rows; r++) {
+        if (rows[r].embd > 0)
+            memcpy(ctx->x + r * dim, ctx->embd[rows[r].embd] + (size_t)rows[r].token * (size_t)dim,
+                   (size_t)dim * sizeof(float));
+        else
+            lp_weight_dequantize_row(&m->tok_embd, rows[r].token, ctx->x + r * dim);
+    }
     rope_tables(ctx);
     group_rows_by_adapter(ctx);
-    for (int l = 0; l < hp->n_layers; l++) layer_forward(ctx, l);
+    for (int l = 0; l < hp->n_layers; l++) {
+        if (ctx->abort_fn && ctx->abort_fn(ctx->abort_user)) {
+            for (int r = n_rows - 1; r >= 0; r--)
+                if (rows[r].commit) lp_kv_unreserve_row(ctx, r);
+            ctx->n_rows = 0; /* no logits, nothing to commit */
+            return lp_fail_status(err, LP_ERR_CANCELLED, "forward abandoned by the abort hook before layer %d", l);
+        }
+        layer_forward(ctx, l);
+    }
 
     int n_logits = 0;
     for (int r = 0; r < n_rows; r++) {
@@ -798,25 +883,35 @@ const float *lp_logits(const lp_context *ctx, int row) {
 
 int lp_commit_rows(lp_context *ctx, const int *rows, int n, lp_error *err) {
     memset(ctx->commit_count, 0, (size_t)ctx->params.max_sequences * sizeof(int));
-    for (int i = 0; i < n; i++) {
-        if (rows[i] < 0 || rows[i] >= ctx->n_rows)
-            return lp_fail(err, "row %d is not in the last batch", rows[i]);
-        if (ctx->rows[rows[i]].commit)
-            return lp_fail(err, "row %d was already committed", rows[i]);
-        ctx->commit_count[ctx->rows[rows[i]].seq]++;
+    int rc = 0, marked = 0;
+    /* each row is marked committed as it is checked, so a row named twice
+     * is caught; the marks are taken back if anything is rejected */
+    for (; marked < n; marked++) {
+        int r = rows[marked];
+        if (r < 0 || r >= ctx->n_rows) {
+            rc = lp_fail(err, "row %d is not in the last batch", r);
+            break;
+        }
+        if (ctx->rows[r].commit) {
+            rc = lp_fail(err, "row %d was already committed", r);
+            break;
+        }
+        ctx->rows[r].commit = true;
+        ctx->commit_count[ctx->rows[r].seq]++;
     }
     int blocks = 0;
-    for (int s = 0; s < ctx->params.max_sequences; s++) {
+    for (int s = 0; rc == 0 && s < ctx->params.max_sequences; s++) {
         int c = ctx->commit_count[s];
         if (c && ctx->seqs[s].length + c > ctx->params.max_seq_len)
-            return lp_fail(err, "sequence %d would exceed %d tokens", s, ctx->params.max_seq_len);
+            rc = lp_fail_status(err, LP_ERR_KV_FULL, "sequence %d would exceed %d tokens", s, ctx->params.max_seq_len);
         blocks += lp_kv_blocks_needed(ctx, s, c);
     }
-    if (blocks > ctx->kv.n_free)
-        return lp_fail(err, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
-    for (int i = 0; i < n; i++) {
-        lp_kv_append_row(ctx, rows[i]);
-        ctx->rows[rows[i]].commit = true;
+    if (rc == 0 && blocks > ctx->kv.n_free)
+        rc = lp_fail_status(err, LP_ERR_KV_FULL, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
+    if (rc != 0) {
+        for (int i = 0; i < marked; i++) ctx->rows[rows[i]].commit = false;
+        return rc;
     }
+    for (int i = 0; i < n; i++) lp_kv_append_row(ctx, rows[i]);
     return 0;
 }

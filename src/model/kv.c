@@ -104,9 +104,15 @@ void lp_kv_store_row(const lp_context *ctx, int r, int layer, int head) {
 
 void lp_kv_finish_row(lp_context *ctx, int r) {
     lp_seq *s = &ctx->seqs[ctx->rows[r].seq];
-    s->tokens[s->length] = ctx->rows[r].token;
-    s->tags[s->length] = ctx->slots[ctx->rows[r].adapter].tag;
+    s->tokens[s->length] = ctx->rows[r].embd > 0 ? -1 : ctx->rows[r].token;
+    s->tags[s->length] = ctx->row_tag[r];
     s->length++;
+}
+
+void lp_kv_unreserve_row(lp_context *ctx, int r) {
+    /* a fresh block was taken for an entry at a block start; a private copy
+     * of a shared partial block holds the same entries, so it stays */
+    if (ctx->commit_slot[r] == 0) block_release(&ctx->kv, ctx->commit_block[r]);
 }
 
 void lp_kv_append_row(lp_context *ctx, int r) {
@@ -158,6 +164,13 @@ int lp_seq_fork(lp_context *ctx, int src, int dst, lp_error *err) {
     d->length = s->length;
     memcpy(d->tokens, s->tokens, (size_t)s->length * sizeof(int32_t));
     memcpy(d->tags, s->tags, (size_t)s->length * sizeof(uint64_t));
+    return 0;
+}
+
+int lp_seq_entry(const lp_context *ctx, int seq, int pos, int32_t *token, uint64_t *adapter_identity) {
+    if (!seq_ok(ctx, seq) || pos < 0 || pos >= ctx->seqs[seq].length) return -1;
+    if (token) *token = ctx->seqs[seq].tokens[pos];
+    if (adapter_identity) *adapter_identity = ctx->seqs[seq].tags[pos];
     return 0;
 }
 

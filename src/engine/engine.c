@@ -1,0 +1,759 @@
+/* The step-wise request engine: many requests over one context, one batch
+ * per step. Built only on the public header, as any user's scheduler would
+ * be; lp_generate, lp_generate_streams, the task evaluator and the server
+ * drive it.
+ *
+ * A request's tokens are its prompt followed by what it generated. Its
+ * sequence holds KV for the first n_kv of them; the rows it still needs
+ * are tokens[n_kv .. n_tokens), the last one with logits, from which the
+ * next token is sampled. Prefill, decode, recomputation after preemption
+ * and a start from a cached prefix are all that one rule. */
+#include "loraplex.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+typedef enum req_state {
+    REQ_QUEUED,    /* waiting for a sequence (and adapter slots) */
+    REQ_RUNNING,   /* has a sequence; rows go into steps */
+    REQ_DONE,
+} req_state;
+
+/* Output text not yet released to the callback: what might still turn out
+ * to be the start of a stop string. */
+typedef struct pending_text {
+    char *buf;
+    size_t len, cap;
+} pending_text;
+
+typedef struct request {
+    bool used;             /* this table entry holds a request */
+    req_state state;
+    lp_request spec;       /* as submitted; prompt, stop and text pointers not kept */
+    int32_t *tokens;       /* [cap] prompt, then generated tokens */
+    int n_tokens, cap;
+    char **stop;           /* [n_stop] copies */
+    lp_sampler *own_sampler, *sampler;
+    uint64_t id_main, id_prefix;  /* adapter identities (0 = base) */
+    int seq;               /* -1 while queued */
+    int slot, slot_prefix; /* context adapter slots while running */
+    int n_kv;              /* tokens whose KV its sequence holds */
+    int64_t order;         /* admission order: the youngest is preempted first */
+    int64_t submitted;     /* submission order: the queue is served in it */
+    int leader;            /* request whose prefix this one waits to share (-1) */
+    int wait_len;          /* ... until that one holds this many entries */
+    pending_text text;
+    lp_request_stats stats;
+} request;
+
+typedef struct seq_state {
+    int owner;             /* running request, or -1 */
+    int64_t used_at;       /* last use, for evicting idle cached prefixes (LRU) */
+} seq_state;
+
+struct lp_engine {
+    lp_context *ctx;
+    const lp_model *model;
+    lp_engine_params params;
+    int n_vocab, max_rows, max_logit_rows, max_seq_len;
+    request *req;          /* [n_req] table; ids index it */
+    int n_req;
+    request **running;     /* [n_req] scratch: running requests by admission order */
+    seq_state *seqs;       /* [n_seqs], sequence first_seq + i */
+    lp_row *rows;          /* [max_rows] the step's batch */
+    int *row_req;          /* [max_rows] the request a row belongs to */
+    int64_t clock, next_order, next_submitted;
+    int64_t n_steps, n_rows_total;
+};
+
+static int fail(lp_error *err, lp_status status, const char *fmt, ...) {
+    if (err) {
+        va_list ap;
+        va_start(ap, fmt);
+        vsnprintf(err->message, sizeof err->message, fmt, ap);
+        va_end(ap);
+        err->status = status;
+    }
+    return -1;
+}
+
+lp_request lp_request_default(void) {
+    return (lp_request){
+        .sampling = lp_sampler_default_params(),
+        .max_tokens = 128,
+        .stop_at_eog = true,
+        .first_token = -1,
+    };
+}
+
+lp_engine_params lp_engine_default_params(void) { return (lp_engine_params){0}; }
+
+/* ---- creation ------------------------------------------------------------------ */
+
+lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params, lp_error *err) {
+    lp_context_params cp;
+    lp_engine *e = calloc(1, sizeof *e);
+    if (!e) {
+        fail(err, LP_ERR_NOMEM, "out of memory for an engine");
+        return NULL;
+    }
+    e->ctx = ctx;
+    e->model = lp_context_model(ctx);
+    e->params = params ? *params : lp_engine_default_params();
+    lp_context_get_params(ctx, &cp);
+    lp_model_info info;
+    lp_model_get_info(e->model, &info);
+    e->n_vocab = info.n_vocab;
+    e->max_rows = cp.max_rows;
+    e->max_logit_rows = cp.max_logit_rows;
+    e->max_seq_len = cp.max_seq_len;
+    lp_engine_params *p = &e->params;
+    if (p->first_seq < 0 || p->first_seq >= cp.max_sequences || p->n_seqs < 0 ||
+        p->first_seq + p->n_seqs > cp.max_sequences) {
+        fail(err, LP_ERR_INVALID, "engine sequences %d..%d are outside the context's 0..%d", p->first_seq,
+             p->first_seq + p->n_seqs - 1, cp.max_sequences - 1);
+        free(e);
+        return NULL;
+    }
+    if (p->n_seqs == 0) p->n_seqs = cp.max_sequences - p->first_seq;
+    if (p->max_prefill_rows <= 0 || p->max_prefill_rows > cp.max_rows) p->max_prefill_rows = cp.max_rows;
+    e->seqs = calloc((size_t)p->n_seqs, sizeof *e->seqs);
+    e->rows = calloc((size_t)cp.max_rows, sizeof *e->rows);
+    e->row_req = calloc((size_t)cp.max_rows, sizeof *e->row_req);
+    if (!e->seqs || !e->rows || !e->row_req) {
+        fail(err, LP_ERR_NOMEM, "out of memory for an engine");
+        lp_engine_free(e);
+        return NULL;
+    }
+    for (int i = 0; i < p->n_seqs; i++) e->seqs[i].owner = -1; /* any KV there is a cached prefix */
+    return e;
+}
+
+static void request_clear(request *r) {
+    free(r->tokens);
+    for (int i = 0; r->stop && i < r->spec.n_stop; i++) free(r->stop[i]);
+    free(r->stop);
+    lp_sampler_free(r->own_sampler);
+    free(r->text.buf);
+    memset(r, 0, sizeof *r);
+}
+
+void lp_engine_free(lp_engine *e) {
+    if (!e) return;
+    for (int i = 0; i < e->n_req; i++) {
+        request *r = &e->req[i];
+        if (r->used && r->state == REQ_RUNNING) lp_seq_clear(e->ctx, r->seq);
+        request_clear(r);
+    }
+    free(e->req);
+    free(e->running);
+    free(e->seqs);
+    free(e->rows);
+    free(e->row_req);
+    free(e);
+}
+
+/* ---- submission ----------------------------------------------------------------- */
+
+static request *get(const lp_engine *e, int id) {
+    return id >= 0 && id < e->n_req && e->req[id].used ? &e->req[id] : NULL;
+}
+
+static int new_entry(lp_engine *e, lp_error *err) {
+    for (int i = 0; i < e->n_req; i++)
+        if (!e->req[i].used) return i;
+    int n = e->n_req ? e->n_req * 2 : 16;
+    request **run = realloc(e->running, (size_t)n * sizeof *run);
+    if (run) e->running = run;
+    request *t = run ? realloc(e->req, (size_t)n * sizeof *t) : NULL;
+    if (!t) return fail(err, LP_ERR_NOMEM, "out of memory for requests");
+    memset(t + e->n_req, 0, (size_t)(n - e->n_req) * sizeof *t);
+    e->req = t;
+    int id = e->n_req;
+    e->n_req = n;
+    return id;
+}
+
+static int copy_prompt(lp_engine *e, request *r, const lp_request *q, lp_error *err) {
+    int n = q->n_prompt;
+    if (!q->prompt && q->text) {
+        size_t len = strlen(q->text);
+        n = lp_tokenize(e->model, q->text, len, lp_model_add_bos(e->model), true, NULL, 0, err);
+        if (n < 0) return -1;
+    }
+    if (n < 1) return fail(err, LP_ERR_INVALID, "the request's prompt is empty (no tokens)");
+    if (n > e->max_seq_len)
+        return fail(err, LP_ERR_KV_FULL, "a prompt of %d tokens does not fit a sequence (%d)", n,
+                    e->max_seq_len);
+    int extra = q->max_tokens > 0 ? q->max_tokens : 0;
+    if (extra > e->max_seq_len) extra = e->max_seq_len;
+    r->cap = n + extra + 1;
+    r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
+    if (!r->tokens) return fail(err, LP_ERR_NOMEM, "out of memory for a prompt of %d tokens", n);
+    if (q->prompt) {
+        memcpy(r->tokens, q->prompt, (size_t)n * sizeof(int32_t));
+    } else if (lp_tokenize(e->model, q->text, strlen(q->text), lp_model_add_bos(e->model), true, r->tokens, n,
+                           err) != n) {
+        return -1;
+    }
+    for (int i = 0; i < n; i++)
+        if (r->tokens[i] < 0 || r->tokens[i] >= e->n_vocab)
+            return fail(err, LP_ERR_INVALID, "prompt token %d (%d) is outside the vocabulary", i, r->tokens[i]);
+    r->n_tokens = n;
+    r->stats.n_prompt = n;
+    return 0;
+}
+
+static int copy_stops(request *r, const lp_request *q, lp_error *err) {
+    if (q->n_stop < 0 || (q->n_stop > 0 && !q->stop)) return fail(err, LP_ERR_INVALID, "bad stop list");
+    if (q->n_stop == 0) return 0;
+    r->stop = calloc((size_t)q->n_stop, sizeof *r->stop);
+    if (!r->stop) return fail(err, LP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < q->n_stop; i++) {
+        if (!q->stop[i]) return fail(err, LP_ERR_INVALID, "stop string %d is NULL", i);
+        r->stop[i] = strdup(q->stop[i]);
+        if (!r->stop[i]) return fail(err, LP_ERR_NOMEM, "out of memory");
+    }
+    return 0;
+}
+
+static void finish(lp_engine *e, request *r, const char *reason, lp_status status);
+
+int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
+    if (!q) return fail(err, LP_ERR_INVALID, "no request");
+    if (q->n_prefix < 0) return fail(err, LP_ERR_INVALID, "n_prefix %d is negative", q->n_prefix);
+    if (q->max_tokens < 0) return fail(err, LP_ERR_INVALID, "max_tokens %d is negative", q->max_tokens);
+    if (q->first_token >= e->n_vocab)
+        return fail(err, LP_ERR_INVALID, "first_token %d is outside the vocabulary", q->first_token);
+    int id = new_entry(e, err);
+    if (id < 0) return -1;
+    request *r = &e->req[id];
+    r->used = true;
+    r->spec = *q;
+    r->spec.prompt = NULL;
+    r->spec.text = NULL;
+    r->spec.stop = NULL;
+    r->seq = r->leader = -1;
+    r->stats.seq = -1;
+    r->id_main = lp_adapter_identity(q->adapter);
+    r->id_prefix = lp_adapter_identity(q->prefix_adapter);
+    r->sampler = q->sampler;
+    if (copy_prompt(e, r, q, err) || copy_stops(r, q, err)) goto bad;
+    if (!r->sampler) {
+        r->own_sampler = lp_sampler_create(e->model, &q->sampling, err);
+        if (!r->own_sampler) goto bad;
+        r->sampler = r->own_sampler;
+    }
+    r->state = REQ_QUEUED;
+    r->submitted = e->next_submitted++;
+    if (q->max_tokens == 0) finish(e, r, "length", LP_OK);
+    return id;
+bad:
+    request_clear(r);
+    return -1;
+}
+
+/* ---- adapters and sequences ------------------------------------------------------ */
+
+/* Identity of the adapter position pos of a request is computed with. */
+static uint64_t identity_at(const request *r, int pos) {
+    return pos < r->spec.n_prefix ? r->id_prefix : r->id_main;
+}
+
+static bool slot_in_use(const lp_engine *e, int slot) {
+    for (int i = 0; i < e->n_req; i++) {
+        const request *r = &e->req[i];
+        if (r->used && r->state == REQ_RUNNING && (r->slot == slot || r->slot_prefix == slot)) return true;
+    }
+    return false;
+}
+
+/* A slot with the adapter bound (binding it to a free one if needed);
+ * 0 for the base; -1 if every slot serves another running request; -2 if
+ * the context cannot take the adapter (err says why). */
+static int slot_for(lp_engine *e, const lp_adapter *a, int avoid, lp_error *err) {
+    if (!a) return 0;
+    int n = lp_context_n_slots(e->ctx), free_slot = -1;
+    for (int s = 1; s <= n; s++) {
+        if (lp_context_slot_adapter(e->ctx, s) == a) return s;
+        if (free_slot < 0 && s != avoid && !slot_in_use(e, s)) free_slot = s;
+    }
+    if (free_slot < 0) return -1;
+    if (lp_context_bind_adapter(e->ctx, free_slot, a, err) != 0) return -2;
+    return free_slot;
+}
+
+/* Entries of sequence seq that equal request r's tokens, with their
+ * adapter identities, from the start (at most limit). */
+static int match_seq(const lp_engine *e, int seq, const request *r, int limit) {
+    int k = 0;
+    int32_t tok;
+    uint64_t id;
+    while (k < limit && lp_seq_entry(e->ctx, seq, k, &tok, &id) == 0 && tok == r->tokens[k] &&
+           id == identity_at(r, k))
+        k++;
+    return k;
+}
+
+/* Leading tokens two requests' prompts share, computed alike. */
+static int match_prompts(const request *a, const request *b, int limit) {
+    int k = 0;
+    while (k < limit && k < a->stats.n_prompt && k < b->stats.n_prompt && a->tokens[k] == b->tokens[k] &&
+           identity_at(a, k) == identity_at(b, k))
+        k++;
+    return k;
+}
+
+static int seq_index(const lp_engine *e, int seq) { return seq - e->params.first_seq; }
+
+/* A sequence with nothing in it, evicting the least recently used idle
+ * cached prefix if none is empty; -1 if every one serves a request. */
+static int free_seq(lp_engine *e, int keep) {
+    int lru = -1;
+    for (int i = 0; i < e->params.n_seqs; i++) {
+        int seq = e->params.first_seq + i;
+        if (e->seqs[i].owner >= 0 || seq == keep) continue;
+        if (lp_seq_length(e->ctx, seq) == 0) return seq;
+        if (lru < 0 || e->seqs[i].used_at < e->seqs[lru].used_at) lru = i;
+    }
+    if (lru < 0) return -1;
+    lp_seq_clear(e->ctx, e->params.first_seq + lru);
+    return e->params.first_seq + lru;
+}
+
+/* Frees the least recently used idle cached prefix other than `keep`. */
+static bool evict_one_cached(lp_engine *e, int keep) {
+    int lru = -1;
+    for (int i = 0; i < e->params.n_seqs; i++)
+        if (e->seqs[i].owner < 0 && e->params.first_seq + i != keep &&
+            lp_seq_length(e->ctx, e->params.first_seq + i) > 0 &&
+            (lru < 0 || e->seqs[i].used_at < e->seqs[lru].used_at))
+            lru = i;
+    if (lru < 0) return false;
+    lp_seq_clear(e->ctx, e->params.first_seq + lru);
+    return true;
+}
+
+/* Whether r should wait for a running request that is computing a longer
+ * shared prefix than any sequence holds yet (then it forks it later). */
+static bool wait_for_leader(lp_engine *e, request *r, int have) {
+    int limit = r->n_tokens - 1;
+    for (int i = 0; i < e->n_req; i++) {
+        request *l = &e->req[i];
+        if (!l->used || l->state != REQ_RUNNING || l == r) continue;
+        int common = match_prompts(l, r, limit);
+        if (common > have && l->n_kv < common) {
+            r->leader = i;
+            r->wait_len = common;
+            return true;
+        }
+    }
+    return false;
+}
+
+typedef enum admission { ADMITTED, WAITING, NO_ROOM } admission;
+
+/* Blocks free in the KV cache. */
+static int free_blocks(const lp_engine *e, int *block_tokens) {
+    int used, total;
+    lp_kv_usage(e->ctx, &used, &total, block_tokens);
+    return total - used;
+}
+
+/* Gives a queued request a sequence, starting from the longest cached or
+ * running prefix it matches. WAITING: it will share a prefix another
+ * request is computing; NO_ROOM: no sequence, slot or KV room yet. */
+static admission admit(lp_engine *e, int id) {
+    request *r = &e->req[id];
+    if (r->leader >= 0) {
+        const request *l = &e->req[r->leader];
+        if (l->used && l->state == REQ_RUNNING && l->n_kv < r->wait_len) return WAITING;
+        r->leader = -1;
+    }
+    int limit = r->n_tokens - 1; /* the last token's row is needed for its logits */
+    int best = -1, best_len = 0;
+    for (int i = 0; !r->spec.no_reuse && i < e->params.n_seqs; i++) {
+        int seq = e->params.first_seq + i, len = match_seq(e, seq, r, limit);
+        if (len > best_len) {
+            best = seq;
+            best_len = len;
+        }
+    }
+    if (!r->spec.no_reuse && r->stats.n_preempted == 0 && wait_for_leader(e, r, best_len)) return WAITING;
+    /* room for its first chunk, so it is not admitted only to be preempted */
+    int bt, room = free_blocks(e, &bt), chunk = r->n_tokens - best_len;
+    if (chunk > e->params.max_prefill_rows) chunk = e->params.max_prefill_rows;
+    if (room < (chunk + bt - 1) / bt + 1 && !evict_one_cached(e, best)) return NO_ROOM;
+    lp_error err = {0};
+    int slot = slot_for(e, r->spec.adapter, -1, &err);
+    int slot_prefix = slot < 0 || r->spec.n_prefix == 0 ? slot : slot_for(e, r->spec.prefix_adapter, slot, &err);
+    if (slot == -2 || slot_prefix == -2) {
+        finish(e, r, "error", LP_ERR_INVALID);
+        return ADMITTED;
+    }
+    if (slot < 0 || slot_prefix < 0) return NO_ROOM;
+    int seq;
+    if (best >= 0 && e->seqs[seq_index(e, best)].owner < 0) {
+        seq = best; /* an idle cached prefix: take it over */
+    } else {
+        seq = free_seq(e, best);
+        if (seq < 0) return NO_ROOM;
+        if (best >= 0 && lp_seq_fork(e->ctx, best, seq, NULL) != 0) return NO_ROOM;
+    }
+    if (lp_seq_truncate(e->ctx, seq, best_len, NULL) != 0) return NO_ROOM;
+    e->seqs[seq_index(e, seq)].owner = id;
+    r->seq = r->stats.seq = seq;
+    r->slot = slot;
+    r->slot_prefix = slot_prefix;
+    r->n_kv = best_len;
+    if (r->stats.n_preempted == 0) r->stats.n_reused = best_len;
+    r->order = e->next_order++;
+    r->state = REQ_RUNNING;
+    return ADMITTED;
+}
+
+/* In submission order, until one finds no room (the queue is fair: a
+ * later request does not overtake one that waits for room). */
+static void admit_queued(lp_engine *e) {
+    int64_t after = -1;
+    for (;;) {
+        int next = -1;
+        for (int i = 0; i < e->n_req; i++) {
+            const request *r = &e->req[i];
+            if (r->used && r->state == REQ_QUEUED && r->submitted > after &&
+                (next < 0 || r->submitted < e->req[next].submitted))
+                next = i;
+        }
+        if (next < 0) return;
+        after = e->req[next].submitted;
+        if (admit(e, next) == NO_ROOM) return;
+    }
+}
+
+/* Leaves a request's sequence: kept as a cached prefix or cleared. */
+static void release_seq(lp_engine *e, request *r, bool keep) {
+    if (r->seq < 0) return;
+    seq_state *s = &e->seqs[seq_index(e, r->seq)];
+    s->owner = -1;
+    s->used_at = ++e->clock;
+    if (!keep) lp_seq_clear(e->ctx, r->seq);
+    r->seq = -1;
+}
+
+static void finish(lp_engine *e, request *r, const char *reason, lp_status status) {
+    if (r->state == REQ_DONE) return;
+    bool cancelled = status == LP_ERR_CANCELLED;
+    /* a stop string's text is dropped; anything else held back is released */
+    if (!cancelled && strcmp(reason, "stop") != 0 && r->text.len > 0 && r->spec.fn)
+        r->spec.fn(r->spec.user, (int)(r - e->req), r->text.buf, r->text.len);
+    r->text.len = 0;
+    release_seq(e, r, r->state == REQ_RUNNING && !r->spec.drop_kv && !cancelled && status == LP_OK);
+    r->state = REQ_DONE;
+    r->stats.done = true;
+    r->stats.stop_reason = reason;
+    r->stats.status = status;
+}
+
+/* Drops the youngest running request's KV and queues it again; it will
+ * recompute its tokens and go on exactly where it was. */
+static bool preempt_youngest(lp_engine *e) {
+    request *y = NULL;
+    int running = 0;
+    for (int i = 0; i < e->n_req; i++) {
+        request *r = &e->req[i];
+        if (!r->used || r->state != REQ_RUNNING) continue;
+        running++;
+        if (!y || r->order > y->order) y = r;
+    }
+    if (!y) return false;
+    if (running == 1) {
+        finish(e, y, "context", LP_ERR_KV_FULL); /* it does not fit even alone */
+        return true;
+    }
+    release_seq(e, y, false);
+    y->state = REQ_QUEUED;
+    y->n_kv = 0;
+    y->stats.n_preempted++;
+    return true;
+}
+
+/* ---- text ----------------------------------------------------------------------------- */
+
+static bool pending_append(pending_text *p, const char *s, size_t n) {
+    if (p->len + n + 1 > p->cap) {
+        size_t cap = (p->len + n + 1) * 2;
+        char *b = realloc(p->buf, cap);
+        if (!b) return false;
+        p->buf = b;
+        p->cap = cap;
+    }
+    memcpy(p->buf + p->len, s, n);
+    p->len += n;
+    p->buf[p->len] = 0;
+    return true;
+}
+
+/* Length of the longest suffix of text that is a proper prefix of a stop string. */
+static size_t held_back(const char *text, size_t len, char *const *stop, int n_stop) {
+    size_t hold = 0;
+    for (int i = 0; i < n_stop; i++) {
+        size_t sl = strlen(stop[i]);
+        for (size_t k = sl > 0 ? sl - 1 : 0; k > hold; k--)
+            if (k <= len && memcmp(text + len - k, stop[i], k) == 0) {
+                hold = k;
+                break;
+            }
+    }
+    return hold;
+}
+
+/* Offset of the earliest stop string in text, or -1. */
+static long find_stop(const char *text, size_t len, char *const *stop, int n_stop) {
+    long best = -1;
+    for (int i = 0; i < n_stop; i++) {
+        size_t sl = strlen(stop[i]);
+        if (sl == 0 || sl > len) continue;
+        for (size_t at = 0; at + sl <= len; at++)
+            if (memcmp(text + at, stop[i], sl) == 0) {
+                if (best < 0 || (long)at < best) best = (long)at;
+                break;
+            }
+    }
+    return best;
+}
+
+/* The nth most likely token of logits (0 = the best; ties by id) and its probability. */
+static int32_t nth_best(const float *logits, int n_vocab, int nth, float *prob) {
+    int32_t best[64] = {0};
+    int have = 0;
+    if (nth >= 64) nth = 63;
+    for (int32_t t = 0; t < n_vocab; t++) {
+        if (have == nth + 1 && logits[t] <= logits[best[nth]]) continue;
+        int pos = have <= nth ? have++ : nth;
+        while (pos > 0 && logits[best[pos - 1]] < logits[t]) {
+            best[pos] = best[pos - 1];
+            pos--;
+        }
+        best[pos] = t;
+    }
+    float max = logits[best[0]], sum = 0;
+    for (int t = 0; t < n_vocab; t++) sum += expf(logits[t] - max);
+    int32_t pick = best[have - 1 < nth ? have - 1 : nth];
+    *prob = expf(logits[pick] - max) / sum;
+    return pick;
+}
+
+/* Streams a new token's text, holding back what may start a stop string. */
+static int emit(lp_engine *e, request *r, int32_t tok, lp_error *err) {
+    char piece[256];
+    size_t len = lp_token_to_piece(e->model, tok, piece, sizeof piece);
+    if (len > sizeof piece) len = sizeof piece;
+    if (!pending_append(&r->text, piece, len)) return fail(err, LP_ERR_NOMEM, "out of memory");
+    int id = (int)(r - e->req);
+    long at = find_stop(r->text.buf, r->text.len, r->stop, r->spec.n_stop);
+    if (at >= 0) {
+        if (r->spec.fn && at > 0) r->spec.fn(r->spec.user, id, r->text.buf, (size_t)at);
+        finish(e, r, "stop", LP_OK);
+        return 0;
+    }
+    size_t hold = held_back(r->text.buf, r->text.len, r->stop, r->spec.n_stop);
+    size_t release = r->text.len - hold;
+    if (release > 0) {
+        bool go_on = r->spec.fn ? r->spec.fn(r->spec.user, id, r->text.buf, release) : true;
+        memmove(r->text.buf, r->text.buf + release, hold);
+        r->text.len = hold;
+        if (!go_on) finish(e, r, "callback", LP_OK);
+    }
+    return 0;
+}
+
+/* The next token of a request from its last row's logits. */
+static int sample(lp_engine *e, request *r, const float *logits, lp_error *err) {
+    int32_t tok;
+    if (r->stats.n_generated == 0 && r->spec.first_token >= 0) {
+        tok = r->spec.first_token;
+    } else if (r->stats.n_generated == 0 && r->spec.first_rank > 0) {
+        float prob;
+        tok = nth_best(logits, e->n_vocab, r->spec.first_rank - 1, &prob);
+        if (prob < r->spec.first_min_prob) {
+            finish(e, r, "pruned", LP_OK);
+            return 0;
+        }
+    } else {
+        tok = lp_sampler_sample(r->sampler, logits, r->tokens, r->n_tokens);
+    }
+    if (r->spec.stop_at_eog && lp_token_is_eog(e->model, tok)) {
+        finish(e, r, "eog", LP_OK);
+        return 0;
+    }
+    r->tokens[r->n_tokens++] = tok;
+    r->stats.n_generated++;
+    if (emit(e, r, tok, err)) return -1;
+    if (r->state == REQ_DONE) return 0;
+    if (r->stats.n_generated >= r->spec.max_tokens) finish(e, r, "length", LP_OK);
+    else if (r->n_tokens > e->max_seq_len) finish(e, r, "context", LP_OK);
+    return 0;
+}
+
+/* ---- steps ----------------------------------------------------------------------------------- */
+
+/* Appends request id's next rows (from its n_kv, at most `room`) to the batch. */
+static int add_rows(lp_engine *e, int id, int n, int room) {
+    request *r = &e->req[id];
+    int want = r->n_tokens - r->n_kv;
+    if (want > room) want = room;
+    for (int i = 0; i < want; i++) {
+        int pos = r->n_kv + i;
+        e->rows[n + i] = (lp_row){
+            .token = r->tokens[pos],
+            .pos = pos,
+            .seq = r->seq,
+            .adapter = pos < r->spec.n_prefix ? r->slot_prefix : r->slot,
+            .parent = i > 0 ? n + i - 1 : -1,
+            .logits = pos == r->n_tokens - 1,
+            .commit = true,
+        };
+        e->row_req[n + i] = id;
+    }
+    return want;
+}
+
+/* Decode rows of running requests first (oldest first), then prompt rows in
+ * admission order within the prefill budget. */
+static int by_order(const void *a, const void *b) {
+    int64_t x = ((const request *const *)a)[0]->order, y = ((const request *const *)b)[0]->order;
+    return (x > y) - (x < y);
+}
+
+static int build_batch(lp_engine *e) {
+    int n = 0, n_logits = 0, prefill = 0, n_run = 0;
+    for (int i = 0; i < e->n_req; i++)
+        if (e->req[i].used && e->req[i].state == REQ_RUNNING) e->running[n_run++] = &e->req[i];
+    qsort(e->running, (size_t)n_run, sizeof *e->running, by_order);
+    for (int pass = 0; pass < 2; pass++)
+        for (int k = 0; k < n_run; k++) {
+            request *r = e->running[k];
+            int id = (int)(r - e->req);
+            bool decoding = r->n_kv == r->n_tokens - 1;
+            if (decoding != (pass == 0) || n == e->max_rows) continue;
+            int room = e->max_rows - n;
+            if (!decoding) {
+                int budget = e->params.max_prefill_rows - prefill;
+                if (budget <= 0) continue;
+                if (room > budget) room = budget;
+            }
+            /* a row with logits only if the logit rows allow it */
+            if (r->n_tokens - r->n_kv <= room && n_logits == e->max_logit_rows) {
+                if (decoding) continue;
+                room = r->n_tokens - r->n_kv - 1;
+                if (room <= 0) continue;
+            }
+            int added = add_rows(e, id, n, room);
+            if (e->rows[n + added - 1].logits) n_logits++;
+            if (!decoding) prefill += added;
+            n += added;
+        }
+    return n;
+}
+
+/* After a pass: entries counted, tokens sampled from the logits rows. */
+static int after_forward(lp_engine *e, int n, lp_error *err) {
+    for (int i = 0; i < n; i++) {
+        request *r = &e->req[e->row_req[i]];
+        if (r->state != REQ_RUNNING) continue;
+        r->n_kv++;
+        if (!e->rows[i].logits) continue;
+        e->seqs[seq_index(e, r->seq)].used_at = ++e->clock;
+        if (sample(e, r, lp_logits(e->ctx, i), err)) return -1;
+    }
+    return 0;
+}
+
+static int not_done(const lp_engine *e) {
+    int k = 0;
+    for (int i = 0; i < e->n_req; i++) k += e->req[i].used && e->req[i].state != REQ_DONE;
+    return k;
+}
+
+int lp_engine_step(lp_engine *e, lp_error *err) {
+    for (;;) {
+        admit_queued(e);
+        int n = build_batch(e);
+        if (n == 0) {
+            int left = not_done(e);
+            if (left == 0) return 0;
+            /* queued requests but none running: the oldest cannot fit even
+             * alone (waiting ones have a running leader) */
+            request *oldest = NULL;
+            for (int i = 0; i < e->n_req; i++) {
+                request *r = &e->req[i];
+                if (r->used && r->state == REQ_RUNNING) return fail(err, LP_ERR_INVALID, "engine stalled");
+                if (r->used && r->state == REQ_QUEUED && (!oldest || r->submitted < oldest->submitted)) oldest = r;
+            }
+            if (!evict_one_cached(e, -1)) finish(e, oldest, "context", LP_ERR_KV_FULL);
+            continue;
+        }
+        lp_error ferr = {0};
+        if (lp_forward(e->ctx, e->rows, n, &ferr) == 0) {
+            e->n_steps++;
+            e->n_rows_total += n;
+            if (after_forward(e, n, err)) return -1;
+            return not_done(e);
+        }
+        if (ferr.status != LP_ERR_KV_FULL) {
+            if (err) *err = ferr;
+            return -1;
+        }
+        /* make room: idle cached prefixes first, then the youngest request */
+        if (!evict_one_cached(e, -1) && !preempt_youngest(e)) {
+            if (err) *err = ferr;
+            return -1;
+        }
+    }
+}
+
+int lp_engine_run(lp_engine *e, lp_error *err) {
+    int left;
+    while ((left = lp_engine_step(e, err)) > 0) {
+    }
+    return left;
+}
+
+int lp_engine_cancel(lp_engine *e, int id, lp_error *err) {
+    request *r = get(e, id);
+    if (!r) return fail(err, LP_ERR_INVALID, "request %d does not exist", id);
+    finish(e, r, "cancelled", LP_ERR_CANCELLED);
+    return 0;
+}
+
+int lp_engine_request_stats(const lp_engine *e, int id, lp_request_stats *stats) {
+    const request *r = get(e, id);
+    if (!r) return -1;
+    *stats = r->stats;
+    return 0;
+}
+
+const int32_t *lp_engine_request_tokens(const lp_engine *e, int id, int *n) {
+    const request *r = get(e, id);
+    if (!r) {
+        if (n) *n = 0;
+        return NULL;
+    }
+    if (n) *n = r->stats.n_generated;
+    return r->tokens + r->stats.n_prompt;
+}
+
+void lp_engine_release(lp_engine *e, int id) {
+    request *r = get(e, id);
+    if (!r) return;
+    if (r->state != REQ_DONE) finish(e, r, "cancelled", LP_ERR_CANCELLED);
+    request_clear(r);
+}
+
+void lp_engine_counts(const lp_engine *e, int64_t *steps, int64_t *rows) {
+    if (steps) *steps = e->n_steps;
+    if (rows) *rows = e->n_rows_total;
+}
