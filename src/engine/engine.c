@@ -43,6 +43,7 @@ typedef struct request {
     int n_kv;              /* tokens whose KV its sequence holds */
     int64_t order;         /* admission order: the youngest is preempted first */
     int64_t submitted;     /* submission order: the queue is served in it */
+    int64_t preempted_at;  /* the step it was last preempted in (+1; 0: never) */
     int leader;            /* request whose prefix this one waits to share (-1) */
     int wait_len;          /* ... until that one holds this many entries */
     pending_text text;
@@ -368,6 +369,8 @@ static int free_blocks(const lp_engine *e, int *block_tokens) {
  * request is computing; NO_ROOM: no sequence, slot or KV room yet. */
 static admission admit(lp_engine *e, int id) {
     request *r = &e->req[id];
+    /* not back in the step that made room by dropping it */
+    if (r->preempted_at == e->n_steps + 1) return NO_ROOM;
     if (r->leader >= 0) {
         const request *l = &e->req[r->leader];
         if (l->used && l->state == REQ_RUNNING && l->n_kv < r->wait_len) return WAITING;
@@ -474,6 +477,7 @@ static bool preempt_youngest(lp_engine *e) {
         return true;
     }
     release_seq(e, y, false);
+    y->preempted_at = e->n_steps + 1;
     y->state = REQ_QUEUED;
     y->n_kv = 0;
     y->stats.n_preempted++;

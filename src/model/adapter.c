@@ -935,12 +935,11 @@ static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t 
     return a;
 }
 
-static uint64_t adapter_tag(const lp_adapter *a);
 
 lp_adapter *lp_adapter_load_lpa_memory(const lp_model *m, const void *data, size_t size,
                                        const char *what, float scale, lp_error *err) {
     lp_adapter *a = adapter_from_lpa(m, data, size, what, scale, err);
-    if (a) a->tag = adapter_tag(a);
+    if (a) a->tag = lp_adapter_content_hash(a);
     return a;
 }
 
@@ -1021,7 +1020,7 @@ static uint64_t hash_half(uint64_t h, const lp_weight *w) {
 
 /* The adapter's identity: every shape, scale and weight byte, so KV made
  * with it is never served to an adapter that differs anywhere. */
-static uint64_t adapter_tag(const lp_adapter *a) {
+uint64_t lp_adapter_content_hash(const lp_adapter *a) {
     uint64_t h = 0xcbf29ce484222325ULL;
     for (int l = 0; l < a->n_layers; l++)
         for (int p = 0; p < LP_PROJ_COUNT; p++) {
@@ -1042,7 +1041,7 @@ lp_adapter *lp_adapter_load(const lp_model *model, const char *path, float scale
         return NULL;
     }
     lp_adapter *a = load_any(model, path, scale, err);
-    if (a) a->tag = adapter_tag(a);
+    if (a) a->tag = lp_adapter_content_hash(a);
     else lp_error_as_format(err);
     return a;
 }

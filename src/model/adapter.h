@@ -51,6 +51,10 @@ static inline lp_lora_pair *lp_adapter_pair(const lp_adapter *a, int layer, lp_p
     return &a->pairs[(size_t)layer * LP_PROJ_COUNT + (size_t)p];
 }
 
+/* The adapter's identity (a->tag): a hash of every shape, scale and weight
+ * byte, never 0. */
+uint64_t lp_adapter_content_hash(const lp_adapter *a);
+
 /* A fingerprint of the base's shapes and weights (sampled bytes), stored in
  * .lpa files so an adapter can't silently be used on another base. */
 uint64_t lp_model_fingerprint(const lp_model *m);
