@@ -62,10 +62,9 @@ static void test_stories(void) {
     CHECK_MSG(g != NULL, "%s", err.message);
     if (g) {
         const lp_gguf_tensor *t = lp_gguf_find_tensor(g, "token_embd.weight");
-        CHECK(t && t->n_elements == 512 * 64);
-        if (t) CHECK(memcmp(t->data, m.token_embedding, 4 * sizeof(float)) == 0);
+        CHECK(t && t->n_elements == 512 * 64 && memcmp(t->data, m.token_embedding, 4 * sizeof(float)) == 0);
         const lp_gguf_tensor *norm = lp_gguf_find_tensor(g, "output_norm.weight");
-        if (norm) CHECK(memcmp(norm->data, m.rms_final, 64 * sizeof(float)) == 0);
+        CHECK(norm && norm->n_elements == 64 && memcmp(norm->data, m.rms_final, 64 * sizeof(float)) == 0);
         lp_gguf_close(g);
     }
 
