@@ -1,9 +1,9 @@
 /* Compiled models (.lpx): a compiled file gives the same logits as the
  * model it came from (f32: folding and fusion are exact up to rounding;
- * q8/q4: close, q8 greedy text identical), fused == unfused, GGUF Q4_0 is
- * repacked losslessly at load, adapters work on folded bases, the recorded
- * activation mode reaches the context, and malformed files are rejected
- * with messages naming the file. */
+ * q8: close, greedy text identical; q4: next-token distributions close),
+ * fused == unfused, GGUF Q4_0 is repacked losslessly at load, adapters work
+ * on folded bases, the recorded activation mode reaches the context, and
+ * malformed files are rejected with messages naming the file. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,9 +37,13 @@ static lp_context *make_ctx(const lp_model *m) {
     return ctx;
 }
 
-/* Logits of the last of n prompt tokens (copied to out). */
-static bool run_logits(const lp_model *m, const int32_t *toks, int n, int slot,
-                       const lp_adapter *a, int acts, float *out) {
+/* Logits of n prompt tokens, copied to out: of the last one, or of every one
+ * (n rows of n_vocab) when `all`. On failure out is NaN, so that no later
+ * comparison of it passes on stale values. */
+static bool forward_logits(const lp_model *m, const int32_t *toks, int n, int slot,
+                           const lp_adapter *a, int acts, bool all, float *out) {
+    size_t V = (size_t)m->hp.n_vocab;
+    for (size_t i = 0; i < (all ? (size_t)n : 1) * V; i++) out[i] = NAN;
     lp_context *ctx = make_ctx(m);
     if (!ctx) return false;
     lp_error err;
@@ -49,19 +53,62 @@ static bool run_logits(const lp_model *m, const int32_t *toks, int n, int slot,
         return false;
     }
     lp_row rows[32];
-    for (int i = 0; i < n; i++) rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = 0, .adapter = slot, .parent = i - 1, .logits = i == n - 1, .commit = true};
+    for (int i = 0; i < n; i++)
+        rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = 0, .adapter = slot, .parent = i - 1,
+                           .logits = all || i == n - 1, .commit = true};
     bool ok = lp_forward(ctx, rows, n, &err) == 0;
     if (!ok) fprintf(stderr, "forward: %s\n", err.message);
-    else memcpy(out, lp_logits(ctx, n - 1), (size_t)m->hp.n_vocab * sizeof(float));
+    for (int i = all ? 0 : n - 1; ok && i < n; i++)
+        memcpy(out + (all ? (size_t)i * V : 0), lp_logits(ctx, i), V * sizeof(float));
     lp_context_free(ctx);
     return ok;
 }
 
+/* Logits of the last of n prompt tokens. */
+static bool run_logits(const lp_model *m, const int32_t *toks, int n, int slot,
+                       const lp_adapter *a, int acts, float *out) {
+    return forward_logits(m, toks, n, slot, a, acts, false, out);
+}
+
+/* Largest |a - b|; NaN if either holds a NaN (so a `<= tol` check fails). */
 static float max_diff(const float *a, const float *b, int n) {
     float d = 0;
-    for (int i = 0; i < n; i++)
-        if (fabsf(a[i] - b[i]) > d) d = fabsf(a[i] - b[i]);
+    for (int i = 0; i < n; i++) {
+        float e = fabsf(a[i] - b[i]);
+        if (isnan(e)) return NAN;
+        if (e > d) d = e;
+    }
     return d;
+}
+
+/* ref and got as next-token distributions at n positions (rows of V
+ * logits): the mean KL(softmax(ref) || softmax(got)) and the fraction of
+ * positions whose argmax agrees. A NaN logit makes the KL NaN. */
+static void dist_compare(const float *ref, const float *got, int n, int V, double *kl, double *top1) {
+    double sum = 0;
+    int agree = 0;
+    for (int t = 0; t < n; t++) {
+        const float *r = ref + (size_t)t * V, *g = got + (size_t)t * V;
+        int ar = 0, ag = 0;
+        for (int i = 1; i < V; i++) {
+            if (r[i] > r[ar]) ar = i;
+            if (g[i] > g[ag]) ag = i;
+        }
+        double zr = 0, zg = 0;
+        for (int i = 0; i < V; i++) {
+            zr += exp((double)r[i] - r[ar]);
+            zg += exp((double)g[i] - g[ag]);
+        }
+        double lzr = r[ar] + log(zr), lzg = g[ag] + log(zg), k = 0;
+        for (int i = 0; i < V; i++) {
+            double lp = r[i] - lzr, lq = g[i] - lzg;
+            k += exp(lp) * (lp - lq);
+        }
+        sum += k;
+        agree += ar == ag;
+    }
+    *kl = sum / n;
+    *top1 = (double)agree / n;
 }
 
 static int compile_to(const lp_model *m, const char *out, uint32_t type, int group, bool no_fuse,
@@ -102,7 +149,31 @@ static void greedy(const lp_model *m, char *out) {
 
 static const int32_t toks[10] = {1, 403, 407, 261, 378, 30, 60, 99, 7, 300};
 
-/* stories260K: f32 exact, f16/q8/q4/q4c close, q8 greedy text identical. */
+/* BOS and the 31 tokens of "Once upon a time, there was a little girl named
+ * Lily. She loved to play outside in the park with": the 4-bit cases are
+ * judged on the next-token distributions at these 32 positions of the
+ * model's own kind of text (toks, an arbitrary tail after "Once upon a
+ * time", has too few positions to bound argmax agreement usefully). */
+static const int32_t prose[32] = {1,   403, 407, 261, 378, 432, 383, 286, 261, 376, 298,
+                                  315, 421, 395, 317, 426, 338, 401, 396, 267, 337, 410,
+                                  408, 419, 292, 411, 322, 265, 282, 295, 433, 335};
+
+/* Mean KL and top-1 agreement of a 4-bit model against the float source's
+ * logits (pref) at the prose positions. */
+static void check_dist(const lp_model *m, const float *pref, float *pgot, const char *name,
+                       double kl_max, double top1_min) {
+    int V = m->hp.n_vocab;
+    double kl = NAN, top1 = 0;
+    bool ran = forward_logits(m, prose, 32, 0, NULL, 0, true, pgot);
+    CHECK_MSG(ran, "%s: forward failed", name);
+    if (ran) dist_compare(pref, pgot, 32, V, &kl, &top1);
+    printf("stories260K %s: mean KL %.4g, top-1 agreement %.3f over 32 positions\n", name, kl, top1);
+    CHECK_MSG(kl <= kl_max, "%s: mean KL %g above %g", name, kl, kl_max);
+    CHECK_MSG(top1 >= top1_min, "%s: top-1 agreement %g below %g", name, top1, top1_min);
+}
+
+/* stories260K: f32 exact, f16/q8 close, q8 greedy text identical, q4/q4c
+ * (and q4 folded) next-token distributions close to the float source's. */
 static void test_stories(void) {
     lp_error err;
     lp_model *src = lp_model_load(LP_SHARED_MODELS "/stories260K.gguf", NULL, &err);
@@ -111,11 +182,19 @@ static void test_stories(void) {
     int V = src->hp.n_vocab;
     float *ref = malloc((size_t)V * sizeof(float)), *got = malloc((size_t)V * sizeof(float));
     CHECK(run_logits(src, toks, 10, 0, NULL, 0, ref));
+    float *pref = malloc((size_t)32 * V * sizeof(float)), *pgot = malloc((size_t)32 * V * sizeof(float));
+    CHECK(forward_logits(src, prose, 32, 0, NULL, 0, true, pref));
     static char src_text[1024], text[1024];
     greedy(src, src_text);
-    const struct { const char *name; uint32_t type; float tol; } cases[] = {
-        {"s-f32.lpx", LP_F32, 1e-4f}, {"s-f16.lpx", LP_F16, 0.05f},
-        {"s-q8.lpx", LP_W8, 0.5f}, {"s-q4.lpx", LP_W4, 4.0f}, {"s-q4c.lpx", LP_W4C, 4.0f},
+    /* f32/f16/q8: max logit difference at the last of toks within tol.
+     * 4-bit: one outlier logit dominates a max difference, so mean KL <= kl
+     * and top-1 agreement >= top1 at the prose positions instead; each KL
+     * bound is about twice what the compiler achieves for that type, and
+     * the agreement bound lets two more of the 32 argmaxes move than do. */
+    const struct { const char *name; uint32_t type; float tol; double kl, top1; } cases[] = {
+        {"s-f32.lpx", LP_F32, 1e-4f, 0, 0}, {"s-f16.lpx", LP_F16, 0.05f, 0, 0},
+        {"s-q8.lpx", LP_W8, 0.5f, 0, 0},    {"s-q4.lpx", LP_W4, 0, 0.045, 0.9},
+        {"s-q4c.lpx", LP_W4C, 0, 0.025, 0.9},
     };
     for (size_t c = 0; c < sizeof cases / sizeof cases[0]; c++) {
         const char *path = tmp(cases[c].name);
@@ -138,7 +217,10 @@ static void test_stories(void) {
         CHECK(run_logits(m, toks, 10, 0, NULL, 0, got));
         float d = max_diff(ref, got, V);
         printf("stories260K %s: max logit diff %g\n", cases[c].name, d);
-        CHECK_MSG(d <= cases[c].tol, "%s: logits differ by %g", cases[c].name, d);
+        if (cases[c].kl > 0)
+            check_dist(m, pref, pgot, cases[c].name, cases[c].kl, cases[c].top1);
+        else
+            CHECK_MSG(d <= cases[c].tol, "%s: logits differ by %g", cases[c].name, d);
         if (cases[c].type == LP_W8 || cases[c].type == LP_F32) {
             greedy(m, text);
             CHECK_MSG(strcmp(text, src_text) == 0, "%s greedy text differs:\n src: %s\n lpx: %s",
@@ -150,16 +232,14 @@ static void test_stories(void) {
               lp_tokenize(src, "Hello there", 11, true, false, b, 16, &err));
         lp_model_free(m);
     }
-    /* q4 folds gains when asked, and stays within the same tolerance */
+    /* q4 folds gains when asked, and stays close in distribution (the KL
+     * bound about twice what folding achieves) */
     {
         lp_compile_params p = {.weight_type = LP_W4, .fold = true, .n_threads = 2};
         CHECK(lp_model_compile(src, tmp("s-q4-fold.lpx"), &p, &err) == 0);
         lp_model *m = lp_model_load(tmp("s-q4-fold.lpx"), NULL, &err);
         CHECK(m && m->norms_folded);
-        if (m) {
-            CHECK(run_logits(m, toks, 10, 0, NULL, 0, got));
-            CHECK(max_diff(ref, got, V) <= 4.0f);
-        }
+        if (m) check_dist(m, pref, pgot, "s-q4-fold.lpx", 0.03, 0.9);
         lp_model_free(m);
     }
     /* the llama2.c checkpoint (tokenizer from tok512.bin) compiles too */
@@ -176,6 +256,8 @@ static void test_stories(void) {
     }
     free(ref);
     free(got);
+    free(pref);
+    free(pgot);
     lp_model_free(src);
 }
 
@@ -201,7 +283,9 @@ static void test_adapter_on_folded(void) {
         CHECK(lp_adapter_write_lpa(a1, tmp("a.lpa"), -1, &err) == 0);
         lp_adapter *a2 = lp_adapter_load(m, tmp("a.lpa"), 1.0f, &err);
         CHECK_MSG(a2 != NULL, "%s", err.message);
-        if (a2 && run_logits(m, toks, 10, 1, a2, 0, got)) CHECK(max_diff(ref, got, V) < 1e-4f);
+        float d2 = a2 && run_logits(m, toks, 10, 1, a2, 0, got) ? max_diff(ref, got, V) : NAN;
+        CHECK_MSG(d2 < 1e-4f, ".lpa on the compiled base: logits differ by %g (nan: not loaded or not run)",
+                  d2);
         lp_adapter_free(a2);
         CHECK(lp_adapter_load(src, tmp("a.lpa"), 1.0f, &err) == NULL);
     }
@@ -242,9 +326,9 @@ static void test_synth_archs(void) {
         CHECK(compile_to(src, tmp("q-f32.lpx"), LP_F32, 0, false, false, false) == 0);
         lp_model *m = lp_model_load(tmp("q-f32.lpx"), NULL, &err);
         CHECK_MSG(m != NULL, "%s", m ? "" : err.message);
-        if (m && run_logits(m, t, 6, 0, NULL, 0, got))
-            CHECK_MSG(max_diff(ref, got, V) < 1e-4f, "%s f32: %g", lp_arch_name(archs[k]),
-                      max_diff(ref, got, V));
+        float d = m && run_logits(m, t, 6, 0, NULL, 0, got) ? max_diff(ref, got, V) : NAN;
+        CHECK_MSG(d < 1e-4f, "%s f32: logits differ by %g (nan: not loaded or not run)",
+                  lp_arch_name(archs[k]), d);
         lp_model_free(m);
 
         float *fused = malloc((size_t)V * sizeof(float));
