@@ -221,124 +221,56 @@ static int adapter_for(const eval_opts *o, const char *task) {
 
 /* ---- batched greedy decoding ------------------------------------------------------ */
 
-typedef struct seq_state {
-    int32_t *tokens;   /* prompt then generated */
-    int n_prompt, n, cap, prefilled;
-    bool done;
+/* One record's output as the engine streams it. */
+typedef struct record_out {
     char text[1024];
-    size_t text_len;
-} seq_state;
+    size_t len;
+} record_out;
 
-static int32_t argmax(const float *v, int n) {
-    int32_t best = 0;
-    for (int i = 1; i < n; i++)
-        if (v[i] > v[best]) best = i;
-    return best;
+static bool collect_record(void *user, int request, const char *text, size_t len) {
+    (void)request;
+    record_out *o = user;
+    if (o->len + len >= sizeof o->text) len = sizeof o->text - 1 - o->len;
+    memcpy(o->text + o->len, text, len);
+    o->len += len;
+    o->text[o->len] = '\0';
+    return true;
 }
 
-/* Appends a generated token; finishes the sequence at end of generation, a
- * newline, or the length limit. */
-static void accept_token(const lp_model *model, seq_state *s, int32_t tok, int max_new) {
-    if (lp_token_is_eog(model, tok)) {
-        s->done = true;
-        return;
+/* Decodes records [0, n) greedily with `adapter` (NULL: the base), all
+ * submitted to one engine that batches them; each output ends at the first
+ * newline and is left in out[i].text. A prompt too long for a sequence is
+ * scored as a miss (empty output). */
+static int decode_records(lp_context *ctx, const lp_model *model, const eval_record *rs, int n,
+                          const lp_adapter *adapter, int max_new, int max_seq_len, int32_t *tokens,
+                          record_out *out, lp_error *err) {
+    static const char *const newline[1] = {"\n"};
+    lp_engine *e = lp_engine_create(ctx, NULL, err);
+    if (!e) return -1;
+    int rc = 0;
+    for (int i = 0; i < n && rc == 0; i++) {
+        out[i].len = 0;
+        out[i].text[0] = '\0';
+        int k = lp_tokenize(model, rs[i].prompt, strlen(rs[i].prompt), lp_model_add_bos(model), false, tokens,
+                            max_seq_len, err);
+        if (k < 0) rc = -1;
+        if (k < 0 || k > max_seq_len || k + max_new > max_seq_len) continue;
+        lp_request q = lp_request_default();
+        q.prompt = tokens;
+        q.n_prompt = k;
+        q.adapter = adapter;
+        q.sampling.temperature = 0;
+        q.sampling.repeat_penalty = 1.0f;
+        q.max_tokens = max_new;
+        q.stop = newline;
+        q.n_stop = 1;
+        q.fn = collect_record;
+        q.user = &out[i];
+        if (lp_engine_submit(e, &q, err) < 0) rc = -1;
     }
-    s->tokens[s->n++] = tok;
-    char piece[64];
-    size_t k = lp_token_to_piece(model, tok, piece, sizeof piece);
-    if (k > sizeof piece) k = sizeof piece;
-    if (s->text_len + k < sizeof s->text) {
-        memcpy(s->text + s->text_len, piece, k);
-        s->text_len += k;
-        s->text[s->text_len] = '\0';
-    }
-    if (memchr(piece, '\n', k) || s->n - s->n_prompt >= max_new || s->n >= s->cap)
-        s->done = true;
-}
-
-/* Decodes records [0, n) (n <= batch) in sequences 0..n-1 with adapter slot
- * `slot`; leaves each output (cut at the first newline) in ss[i].text. */
-static int decode_batch(lp_context *ctx, const lp_model *model, const eval_record *rs, int n,
-                        int slot, int max_new, int max_rows, int max_seq_len, seq_state *ss,
-                        lp_row *rows, lp_error *err) {
-    int n_vocab;
-    lp_model_info info;
-    lp_model_get_info(model, &info);
-    n_vocab = info.n_vocab;
-    for (int i = 0; i < n; i++) {
-        seq_state *s = &ss[i];
-        lp_seq_clear(ctx, i);
-        s->n = s->prefilled = 0;
-        s->done = false;
-        s->text_len = 0;
-        s->text[0] = '\0';
-        int k = lp_tokenize(model, rs[i].prompt, strlen(rs[i].prompt), lp_model_add_bos(model),
-                            false, s->tokens, s->cap, err);
-        if (k < 0) return -1;
-        if (k + max_new > max_seq_len || k > s->cap) {
-            s->done = true; /* too long: scored as a miss */
-            s->n_prompt = 0;
-            continue;
-        }
-        s->n_prompt = s->n = k;
-    }
-    /* prefill: chains of rows, as many sequences per forward as fit */
-    for (;;) {
-        int nr = 0;
-        for (int i = 0; i < n && nr < max_rows; i++) {
-            seq_state *s = &ss[i];
-            if (s->done) continue;
-            int first = nr;
-            while (s->prefilled < s->n_prompt && nr < max_rows) {
-                lp_row r = {0};
-                r.token = s->tokens[s->prefilled];
-                r.pos = s->prefilled;
-                r.seq = i;
-                r.adapter = slot;
-                r.parent = nr > first ? nr - 1 : -1;
-                r.logits = s->prefilled == s->n_prompt - 1;
-                r.commit = true;
-                rows[nr++] = r;
-                s->prefilled++;
-            }
-        }
-        if (nr == 0) break;
-        if (lp_forward(ctx, rows, nr, err) != 0) return -1;
-        for (int r = 0; r < nr; r++)
-            if (rows[r].logits) {
-                const float *lg = lp_logits(ctx, r);
-                if (lg) accept_token(model, &ss[rows[r].seq], argmax(lg, n_vocab), max_new);
-            }
-    }
-    /* decode: one row per unfinished sequence */
-    for (;;) {
-        int nr = 0;
-        for (int i = 0; i < n; i++) {
-            seq_state *s = &ss[i];
-            if (s->done) continue;
-            lp_row r = {0};
-            r.token = s->tokens[s->n - 1];
-            r.pos = s->n - 1;
-            r.seq = i;
-            r.adapter = slot;
-            r.parent = -1;
-            r.logits = true;
-            r.commit = true;
-            rows[nr++] = r;
-        }
-        if (nr == 0) break;
-        if (lp_forward(ctx, rows, nr, err) != 0) return -1;
-        for (int r = 0; r < nr; r++) {
-            const float *lg = lp_logits(ctx, r);
-            if (lg) accept_token(model, &ss[rows[r].seq], argmax(lg, n_vocab), max_new);
-            else ss[rows[r].seq].done = true;
-        }
-    }
-    for (int i = 0; i < n; i++) {
-        char *nl = strchr(ss[i].text, '\n');
-        if (nl) *nl = '\0';
-    }
-    return 0;
+    if (rc == 0 && lp_engine_run(e, err) != 0) rc = -1;
+    lp_engine_free(e);
+    return rc;
 }
 
 /* ---- groups and reporting ---------------------------------------------------------- */
@@ -377,8 +309,8 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     if (!model) return -1;
     lp_adapter *adapters[32] = {0};
     lp_context *ctx = NULL;
-    seq_state *ss = NULL;
-    lp_row *rows = NULL;
+    record_out *outs = NULL;
+    int32_t *tokens = NULL;
     int rc = -1;
     int max_seq_len = 512, max_rows = 512;
     lp_context_params cp = lp_context_default_params();
@@ -399,19 +331,11 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
         }
         if (lp_context_bind_adapter(ctx, i + 1, adapters[i], err) != 0) goto done;
     }
-    ss = calloc((size_t)o->batch, sizeof *ss);
-    rows = calloc((size_t)max_rows, sizeof *rows);
-    if (!ss || !rows) {
+    outs = calloc((size_t)o->batch, sizeof *outs);
+    tokens = calloc((size_t)max_seq_len, sizeof *tokens);
+    if (!outs || !tokens) {
         lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
         goto done;
-    }
-    for (int i = 0; i < o->batch; i++) {
-        ss[i].cap = max_seq_len;
-        ss[i].tokens = calloc((size_t)max_seq_len, sizeof(int32_t));
-        if (!ss[i].tokens) {
-            lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
-            goto done;
-        }
     }
     for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
         const char *task = lp_world_task_name(t);
@@ -435,8 +359,8 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
             const char *aname = slot ? o->adapter_name[slot - 1] : "base";
             for (int start = 0; start < n; start += o->batch) {
                 int count = n - start < o->batch ? n - start : o->batch;
-                if (decode_batch(ctx, model, rs + start, count, slot, o->max_new, max_rows,
-                                 max_seq_len, ss, rows, err) != 0) {
+                if (decode_records(ctx, model, rs + start, count, slot ? adapters[slot - 1] : NULL, o->max_new,
+                                   max_seq_len, tokens, outs, err) != 0) {
                     free_records(rs, n);
                     goto done;
                 }
@@ -444,7 +368,7 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
                     const eval_record *r = &rs[start + i];
                     char ref[1024];
                     snprintf(ref, sizeof ref, "%s", r->completion);
-                    char *hyp = trim(ss[i].text), *want = trim(ref);
+                    char *hyp = trim(outs[i].text), *want = trim(ref);
                     eval_group *gs[2] = {group_get(gl, task, r->lang, aname),
                                          group_get(gl, task, "all", aname)};
                     for (int k = 0; k < 2; k++) {
@@ -468,10 +392,8 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     }
     rc = 0;
 done:
-    if (ss)
-        for (int i = 0; i < o->batch; i++) free(ss[i].tokens);
-    free(ss);
-    free(rows);
+    free(outs);
+    free(tokens);
     lp_context_free(ctx);
     for (int i = 0; i < o->n_adapters; i++) lp_adapter_free(adapters[i]);
     lp_model_free(model);
