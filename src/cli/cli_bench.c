@@ -115,60 +115,71 @@ static void random_tokens(const lp_model *model, uint64_t seed, int32_t *out, in
         out[i] = lo + (int32_t)(lp_rng_u64(&rng) % (uint64_t)(info.n_vocab - lo));
 }
 
-/* Prefills n tokens into seq as one chain (in batches of max_rows), logits
- * for the last row only. */
-static int prefill(lp_context *ctx, lp_row *rows, int max_rows, const int32_t *tokens, int n,
-                   int seq, int adapter, lp_error *err) {
-    for (int start = 0; start < n; start += max_rows) {
-        int m = n - start < max_rows ? n - start : max_rows;
-        for (int i = 0; i < m; i++)
-            rows[i] = (lp_row){.token = tokens[start + i], .pos = start + i, .seq = seq, .adapter = adapter, .parent = i - 1, .logits = start + i == n - 1, .commit = true};
-        if (lp_forward(ctx, rows, m, err)) return -1;
-    }
-    return 0;
-}
+/* Time of one engine run: until every request has its first token (the
+ * prefill, one step for a prompt of up to max_rows tokens) and for the
+ * decode steps after it. */
+typedef struct engine_timing {
+    double prefill_s, decode_s;
+    int decode_steps;
+} engine_timing;
 
-/* n_steps decode steps, one row per sequence (seqs[i] with adapters[i]),
- * the first step feeding first_tokens, later ones the greedy token of the
- * previous step. Returns seconds, or -1. */
-static double decode_steps(lp_context *ctx, lp_row *rows, const int *seqs, const int *adapters,
-                           int n_seqs, const int32_t *first_tokens, int n_steps, lp_error *err) {
-    lp_model_info info;
-    lp_model_get_info(lp_context_model(ctx), &info);
-    int32_t next[MAX_MIXED];
-    for (int i = 0; i < n_seqs; i++) next[i] = first_tokens[i];
-    double t0 = lp_now_seconds();
-    for (int step = 0; step < n_steps; step++) {
-        for (int i = 0; i < n_seqs; i++)
-            rows[i] = (lp_row){.token = next[i], .pos = lp_seq_length(ctx, seqs[i]), .seq = seqs[i], .adapter = adapters[i], .parent = -1, .logits = true, .commit = true};
-        if (lp_forward(ctx, rows, n_seqs, err)) return -1;
-        for (int i = 0; i < n_seqs; i++) next[i] = tool_argmax(lp_logits(ctx, i), info.n_vocab);
-    }
-    return lp_now_seconds() - t0;
-}
-
-/* Decode speed of n_seqs sequences with the given adapters: each gets a
- * prefill of n_prompt random tokens with its adapter, then n_steps steps.
- * Returns tokens per second over all sequences, or -1. */
-static double decode_speed(lp_context *ctx, lp_row *rows, int max_rows, const int *adapters,
-                           int n_seqs, int n_prompt, int n_steps, uint64_t seed, lp_error *err) {
-    int seqs[MAX_MIXED] = {0};
-    int32_t first[MAX_MIXED] = {0}, *prompt = malloc((size_t)n_prompt * sizeof *prompt);
-    if (!prompt) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+/* n_seqs requests, the i-th a prompt of n_prompt random tokens (seed + i)
+ * under the adapter bound to slots[i], each generating n_gen tokens
+ * greedily (end of text ignored), all through one engine. */
+static int engine_generate(lp_context *ctx, const int *slots, int n_seqs, int n_prompt, int n_gen,
+                           uint64_t seed, engine_timing *t, lp_error *err) {
+    int32_t *prompt = malloc((size_t)n_prompt * sizeof *prompt);
+    int ids[MAX_MIXED];
+    lp_engine *e = prompt ? lp_engine_create(ctx, NULL, err) : NULL;
+    int rc = -1;
+    if (!e) goto done;
     for (int i = 0; i < n_seqs; i++) {
-        seqs[i] = i;
-        lp_seq_clear(ctx, i);
         random_tokens(lp_context_model(ctx), seed + (uint64_t)i, prompt, n_prompt);
-        if (prefill(ctx, rows, max_rows, prompt, n_prompt, i, adapters[i], err)) {
-            free(prompt);
-            return -1;
-        }
-        first[i] = prompt[0];
+        lp_request q = lp_request_default();
+        q.prompt = prompt;
+        q.n_prompt = n_prompt;
+        q.adapter = lp_context_slot_adapter(ctx, slots[i]);
+        q.sampling.temperature = 0;
+        q.sampling.repeat_penalty = 1.0f;
+        q.max_tokens = n_gen;
+        q.stop_at_eog = false;
+        q.no_reuse = q.drop_kv = true;
+        if ((ids[i] = lp_engine_submit(e, &q, err)) < 0) goto done;
     }
+    *t = (engine_timing){0};
+    double t0 = lp_now_seconds(), t1 = 0;
+    for (int left = 1; left > 0;) {
+        if ((left = lp_engine_step(e, err)) < 0) goto done;
+        if (t1 > 0) {
+            t->decode_steps++;
+            continue;
+        }
+        bool all = true;
+        for (int i = 0; i < n_seqs; i++) {
+            lp_request_stats st;
+            lp_engine_request_stats(e, ids[i], &st);
+            all &= st.n_generated > 0;
+        }
+        if (all) t1 = lp_now_seconds();
+    }
+    t->prefill_s = t1 - t0;
+    t->decode_s = lp_now_seconds() - t1;
+    rc = 0;
+done:
+    if (!prompt) lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    lp_engine_free(e);
     free(prompt);
-    double s = decode_steps(ctx, rows, seqs, adapters, n_seqs, first, n_steps, err);
-    for (int i = 0; i < n_seqs; i++) lp_seq_clear(ctx, i);
-    return s > 0 ? (double)n_seqs * n_steps / s : -1;
+    return rc;
+}
+
+/* Decode speed of n_seqs sequences with the given adapter slots: each a
+ * prompt of n_prompt random tokens with its adapter, then n_steps tokens.
+ * Returns tokens per second of the decode steps over all sequences, or -1. */
+static double decode_speed(lp_context *ctx, const int *slots, int n_seqs, int n_prompt, int n_steps,
+                           uint64_t seed, lp_error *err) {
+    engine_timing t;
+    if (engine_generate(ctx, slots, n_seqs, n_prompt, n_steps + 1, seed, &t, err)) return -1;
+    return t.decode_s > 0 ? (double)n_seqs * t.decode_steps / t.decode_s : -1;
 }
 
 /* ---- machine read bandwidth ------------------------------------------------------------- */
@@ -337,14 +348,13 @@ static int bench_speed(const bench_options *o) {
             random_tokens(model, 1234 + (uint64_t)r, tokens, o->prompt);
             /* one untimed pass first, as llama-bench does: the first touches
              * every mapped weight page and planned buffer (page faults) */
-            int rc = prefill(ctx, rows, o->prompt, tokens, o->prompt, 0, 0, &err);
-            lp_seq_clear(ctx, 0);
-            double t1 = lp_now_seconds();
-            if (rc == 0) rc = prefill(ctx, rows, o->prompt, tokens, o->prompt, 0, 0, &err);
-            pre[r] = o->prompt / (lp_now_seconds() - t1);
-            int seq = 0, adapter = 0;
-            double s = rc ? -1 : decode_steps(ctx, rows, &seq, &adapter, 1, tokens, o->n_gen, &err);
-            dec[r] = o->n_gen / s;
+            int base = 0;
+            engine_timing et = {0};
+            int rc = engine_generate(ctx, &base, 1, o->prompt, 2, 1234 + (uint64_t)r, &et, &err);
+            if (rc == 0) rc = engine_generate(ctx, &base, 1, o->prompt, o->n_gen + 1, 1234 + (uint64_t)r, &et, &err);
+            pre[r] = o->prompt / et.prefill_s;
+            double s = rc ? -1 : et.decode_s;
+            dec[r] = et.decode_steps / s;
             /* the model and every planned buffer are resident now, and the
              * read test's buffer is not (it comes and goes below) */
             uint64_t resident = proc_status_bytes("VmRSS:");
@@ -718,8 +728,7 @@ static tool_summary repeat_decode(lp_context *ctx, lp_row *rows, int max_rows,
                                   lp_error *err, bool *failed) {
     double v[MAX_REPS];
     for (int r = 0; r < o->reps; r++) {
-        v[r] = decode_speed(ctx, rows, max_rows, adapters, n_seqs, o->prompt, o->n_gen,
-                            7 + (uint64_t)r, err);
+        v[r] = decode_speed(ctx, adapters, n_seqs, o->prompt, o->n_gen, 7 + (uint64_t)r, err);
         if (v[r] < 0) *failed = true;
     }
     return tool_summarize(v, o->reps);
@@ -825,7 +834,7 @@ static int bench_adapter_modes(const bench_options *o) {
     }
     /* the bare base (after an untimed warm-up), and switching to another
      * merged model = loading one */
-    failed = decode_speed(ctx, rows, max_rows, base_slot, 1, o->prompt, o->n_gen, 3, &err) < 0;
+    failed = decode_speed(ctx, base_slot, 1, o->prompt, o->n_gen, 3, &err) < 0;
     tool_summary base = repeat_decode(ctx, rows, max_rows, base_slot, 1, o, &err, &failed);
     double load_ms[MAX_REPS];
     for (int r = 0; r < o->reps && !failed; r++) {
