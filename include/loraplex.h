@@ -76,6 +76,9 @@ typedef struct lp_model_params {
      * record it; int8 otherwise), 8 = int8 (W4A8 / W8A8), 32 = float
      * (W4A16 / W8A16, for accuracy comparison). */
     int activations;
+    /* Threads that convert GGUF block matrices at load (0: all cores; 1:
+     * the loading thread alone). */
+    int n_load_threads;
 } lp_model_params;
 
 /* Loads a compiled .lpx file (memory-mapped, used in place), a GGUF file, a

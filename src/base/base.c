@@ -77,13 +77,18 @@ int lp_fail_prefix(lp_error *err, const char *fmt, ...) {
 
 /* ---- memory ------------------------------------------------------------ */
 
-void *lp_alloc(size_t size) {
+void *lp_alloc_uninit(size_t size) {
     size_t rounded;
     if (size == 0) size = 1;
     if (!lp_add_ok(size, LP_ALIGN - 1, &rounded)) return NULL;
     rounded &= ~(size_t)(LP_ALIGN - 1);
-    void *p = aligned_alloc(LP_ALIGN, rounded);
-    if (p) memset(p, 0, rounded);
+    return aligned_alloc(LP_ALIGN, rounded);
+}
+
+void *lp_alloc(size_t size) {
+    void *p = lp_alloc_uninit(size);
+    /* the padding up to the alignment too: kernels may read whole vectors */
+    if (p) memset(p, 0, ((size ? size : 1) + LP_ALIGN - 1) & ~(size_t)(LP_ALIGN - 1));
     return p;
 }
 

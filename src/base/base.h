@@ -34,6 +34,10 @@ int lp_fail_prefix(lp_error *err, const char *fmt, ...)
 #define LP_ALIGN 64
 /* 64-byte aligned, zero-filled; NULL on overflow or exhaustion. */
 void *lp_alloc(size_t size);
+/* The same without the zero fill, for large buffers that are always
+ * written before they are read (the KV cache): their pages are only
+ * touched, and so only made resident, as they are used. */
+void *lp_alloc_uninit(size_t size);
 void lp_free(void *p);
 /* a*b with overflow check: returns false on overflow. */
 static inline bool lp_mul_ok(size_t a, size_t b, size_t *out) {

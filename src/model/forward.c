@@ -61,6 +61,13 @@ static void *plan_alloc(size_t count, size_t elem, bool *ok) {
     return p;
 }
 
+static void *plan_alloc_uninit(size_t count, size_t elem, bool *ok) {
+    size_t bytes;
+    void *p = lp_mul_ok(count, elem, &bytes) ? lp_alloc_uninit(bytes) : NULL;
+    if (!p) *ok = false;
+    return p;
+}
+
 static int resolve_params(const lp_model *m, const lp_context_params *in,
                           lp_context_params *p, lp_error *err) {
     *p = in ? *in : lp_context_default_params();
@@ -105,8 +112,9 @@ static int kv_init(lp_context *ctx, lp_error *err) {
     size_t total;
     if (!lp_mul_ok(kv->block_elems, (size_t)kv->n_blocks, &total))
         return lp_fail(err, "KV cache size overflows");
-    kv->k = plan_alloc(total, kv->elem_bytes, &ok);
-    kv->v = plan_alloc(total, kv->elem_bytes, &ok);
+    /* not zero-filled: an entry is read only after it was written */
+    kv->k = plan_alloc_uninit(total, kv->elem_bytes, &ok);
+    kv->v = plan_alloc_uninit(total, kv->elem_bytes, &ok);
     kv->refcount = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
     kv->free_list = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
     if (!ok) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);

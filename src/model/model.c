@@ -78,7 +78,8 @@ lp_model *lp_model_load(const char *path, const lp_model_params *params,
         /* threads that convert block matrices for the integer kernels;
          * without it (NULL) they convert inline */
         lp_error no_pool;
-        if (!m->no_repack) m->load_pool = lp_threadpool_create(lp_default_threads(), &no_pool);
+        int threads = params && params->n_load_threads > 0 ? params->n_load_threads : lp_default_threads();
+        if (!m->no_repack && threads > 1) m->load_pool = lp_threadpool_create(threads, &no_pool);
         rc = lp_model_load_gguf(m, path, err);
         lp_threadpool_destroy(m->load_pool);
         m->load_pool = NULL;
