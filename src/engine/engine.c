@@ -692,12 +692,18 @@ int lp_engine_step(lp_engine *e, lp_error *err) {
             /* queued requests but none running: the oldest cannot fit even
              * alone (waiting ones have a running leader) */
             request *oldest = NULL;
+            bool held = false;
             for (int i = 0; i < e->n_req; i++) {
                 request *r = &e->req[i];
                 if (r->used && r->state == REQ_RUNNING) return fail(err, LP_ERR_INVALID, "engine stalled");
                 if (r->used && r->state == REQ_QUEUED && (!oldest || r->submitted < oldest->submitted)) oldest = r;
+                /* one preempted in this step waits only while others run */
+                if (r->used && r->state == REQ_QUEUED && r->preempted_at) {
+                    held = true;
+                    r->preempted_at = 0;
+                }
             }
-            if (!evict_one_cached(e, -1)) finish(e, oldest, "context", LP_ERR_KV_FULL);
+            if (!held && !evict_one_cached(e, -1)) finish(e, oldest, "context", LP_ERR_KV_FULL);
             continue;
         }
         lp_error ferr = {0};
