@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Cross-builds loraplex for aarch64 (Debian gcc-aarch64-linux-gnu, arm64
-# multiarch libraries) and runs the kernel tests under qemu-aarch64 with
-# -cpu max, so the NEON dotprod kernels are the ones tested. Installs what
-# is missing (needs root then); safe to run again.
-#   usage: .ci/aarch64.sh            (build dir: build-aarch64, or $BUILD)
+# Cross-builds loraplex for aarch64 twice, with gcc (Debian
+# gcc-aarch64-linux-gnu) and with clang (--target=aarch64-linux-gnu on that
+# toolchain's headers, crt files and libgcc: the Android NDK has only clang),
+# both on the arm64 multiarch libraries, and runs the C test suite of each
+# under qemu-aarch64 with -cpu max, so the NEON dotprod kernels are the ones
+# tested. Installs what is missing (needs root then); safe to run again.
+#   usage: .ci/aarch64.sh   (build dirs: build-aarch64 and build-aarch64-clang,
+#                            or $BUILD and $BUILD_CLANG; $COMPILERS: "gcc clang")
 set -euo pipefail
 cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build-aarch64}"
-PKGS=(gcc-aarch64-linux-gnu qemu-user libpcre2-dev:arm64 libcjson-dev:arm64)
+BUILD_CLANG="${BUILD_CLANG:-build-aarch64-clang}"
+COMPILERS="${COMPILERS:-gcc clang}"
+PKGS=(gcc-aarch64-linux-gnu clang qemu-user libpcre2-dev:arm64 libcjson-dev:arm64)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
@@ -23,22 +28,40 @@ if [ "${#missing[@]}" -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive apt-get install -y -q "${missing[@]}"
 fi
 
-echo "== cross build ($BUILD)"
 export PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig
-cmake -S . -B "$BUILD" -DCMAKE_TOOLCHAIN_FILE="$PWD/cmake/aarch64.cmake" -DCMAKE_BUILD_TYPE=Release
-cmake --build "$BUILD" -j"$(nproc)"
-
-echo "== tests under qemu-aarch64 -cpu max"
 # The loader and libc come from libc6:arm64 (/lib/aarch64-linux-gnu, where
 # libpcre2/libcjson live too), not from /usr/aarch64-linux-gnu: the cross
 # toolchain's ld.so is another glibc build, and pairing it with the
 # multiarch libc.so.6 hangs in pthread_create.
 export QEMU_LD_PREFIX=/ QEMU_CPU=max
-file "$BUILD/test_intkernels" | grep -q aarch64 || { echo "aarch64.sh: not an aarch64 binary" >&2; exit 1; }
-# The whole C test suite runs through CMAKE_CROSSCOMPILING_EMULATOR; the
-# shell tests drive the CLI binary directly and stay on the host build.
-ctest --test-dir "$BUILD" --output-on-failure -E '^cli_' -j"$(nproc)"
-# test_intkernels prints the integer level it ran; it must be the NEON one.
-qemu-aarch64 "$BUILD/test_intkernels" | grep -q "integer kernel level: neon-dotprod" ||
-  { echo "aarch64.sh: the NEON dotprod kernels were not selected" >&2; exit 1; }
+
+# build_and_test NAME BUILD_DIR TOOLCHAIN_FILE
+build_and_test() {
+  local name=$1 build=$2 toolchain=$3
+  echo "== cross build, $name ($build)"
+  cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE="$PWD/$toolchain" -DCMAKE_BUILD_TYPE=Release
+  cmake --build "$build" -j"$(nproc)"
+
+  echo "== tests under qemu-aarch64 -cpu max, $name"
+  file "$build/test_intkernels" | grep -q aarch64 ||
+    { echo "aarch64.sh: $build: not an aarch64 binary" >&2; exit 1; }
+  # The whole C test suite runs through CMAKE_CROSSCOMPILING_EMULATOR; the
+  # shell tests drive the CLI binary directly and stay on the host build.
+  ctest --test-dir "$build" --output-on-failure -E '^cli_' -j"$(nproc)"
+  # test_intkernels prints the integer level it ran; it must be the NEON one.
+  # (Output captured first: grep -q closing the pipe early must not fail it.)
+  local out
+  out=$(qemu-aarch64 "$build/test_intkernels")
+  grep -q "integer kernel level: neon-dotprod" <<<"$out" ||
+    { echo "aarch64.sh: $name: the NEON dotprod kernels were not selected" >&2; exit 1; }
+  echo "$name: $(grep "integer kernel level: " <<<"$out" | tail -n 1)"
+}
+
+for cc in $COMPILERS; do
+  case "$cc" in
+  gcc) build_and_test gcc "$BUILD" cmake/aarch64.cmake ;;
+  clang) build_and_test clang "$BUILD_CLANG" cmake/aarch64-clang.cmake ;;
+  *) echo "aarch64.sh: unknown compiler '$cc' in COMPILERS" >&2; exit 1 ;;
+  esac
+done
 echo "== aarch64 passed"

@@ -189,8 +189,9 @@ void lp_claims_init(lp_panel_claims *c, int64_t total_panels, int threads, int t
 bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_t *own_end);
 /* GCC builds the dotprod kernels through a target attribute; clang 14's
  * arm_neon.h only declares the lane forms when the whole file targets
- * dotprod (-march=armv8.2-a+dotprod), so with clang they need that flag. */
-#if defined(__aarch64__) && (!defined(__clang__) || defined(__ARM_FEATURE_DOTPROD))
+ * dotprod, so with clang they need that flag: on the whole build, or (CMake,
+ * LP_NEON_DOT_FILE) on intmatmul_neon.c alone. */
+#if defined(__aarch64__) && (!defined(__clang__) || defined(__ARM_FEATURE_DOTPROD) || defined(LP_NEON_DOT_FILE))
 #define LP_HAVE_NEON_DOT 1
 #endif
 #if defined(LP_HAVE_NEON_DOT)
