@@ -147,9 +147,6 @@ typedef struct lp_context_params {
     int max_adapters;     /* adapter slots besides slot 0 = base (default 8) */
     int max_adapter_rank; /* highest LoRA rank a bound adapter may have (default 256) */
     int max_embd_tables;  /* embedding tables that may be bound (default 4) */
-    bool adapters_onehot; /* benchmark baseline only: compute EVERY bound adapter for
-                             every row and mask by a one-hot selection, as a graph
-                             with all adapters compiled in does */
     bool kv_f32;          /* keep the KV cache in f32. Default f16: half the memory
                              and half the bytes attention reads; keys and values
                              are rounded to f16 when made, so a row's result never

@@ -22,6 +22,7 @@
 
 #include "../base/base.h"
 #include "../base/dtype.h"
+#include "../model/context.h"
 #include "cli.h"
 #include "svg.h"
 #include "tools.h"
@@ -820,13 +821,13 @@ static int bench_adapter_modes(const bench_options *o) {
         rc = cli_fail("context", &err);
         goto out;
     }
-    cp.adapters_onehot = true;
     cp.max_sequences = 1;
     cp.n_ctx = cp.max_seq_len;
     if (!(onehot = lp_context_create(e.model, &cp, &err))) {
         rc = cli_fail("one-hot context", &err);
         goto out;
     }
+    lp_context_set_onehot(onehot, true);
     int base_slot[MAX_MIXED] = {0}, one_slot[MAX_MIXED], own_slot[MAX_MIXED];
     for (int i = 0; i < MAX_MIXED; i++) {
         one_slot[i] = 1;

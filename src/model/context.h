@@ -80,6 +80,7 @@ struct lp_context {
     const float **embd;
     int *embd_rows;
 
+    bool adapters_onehot; /* the bench's frozen-graph baseline (lp_context_set_onehot) */
     bool (*abort_fn)(void *user); /* checked between layers */
     void *abort_user;
 
@@ -95,6 +96,11 @@ struct lp_context {
     struct lora_batch *lora_batch; /* the pending LoRA pieces (forward.c) */
     int max_rank;         /* planned rank limit */
 };
+
+/* Benchmark baseline only, not in the public API: compute EVERY bound
+ * adapter for every row and mask by a one-hot selection, as a graph with
+ * all adapters compiled in does. */
+void lp_context_set_onehot(lp_context *ctx, bool on);
 
 /* Attention work of the last batch split across n_threads: items i of
  * [*begin, *end) are (KV head i / n_rows, row i % n_rows), chosen so each

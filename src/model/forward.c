@@ -552,14 +552,14 @@ static const float *group_input(lp_context *ctx, int s, const float *x, int64_t 
  * baseline) runs every bound adapter over every row, masked. */
 static void apply_lora(lp_context *ctx, int layer, int n_proj, const lp_proj *projs, const float *x,
                        int64_t x_stride, float *const *ys, const int64_t *y_strides) {
-    if (!ctx->any_adapter && !ctx->params.adapters_onehot) return;
+    if (!ctx->any_adapter && !ctx->adapters_onehot) return;
     lora_batch *b = ctx->lora_batch;
     b->n = 0;
     b->t_used = b->y_used = 0;
     for (int s = 1; s <= ctx->params.max_adapters; s++) {
         int n = ctx->group_start[s + 1] - ctx->group_start[s];
         const int *rows = ctx->group_rows + ctx->group_start[s];
-        if (ctx->params.adapters_onehot && ctx->slots[s].adapter) {
+        if (ctx->adapters_onehot && ctx->slots[s].adapter) {
             n = ctx->n_rows; /* every row, whatever its slot */
             rows = NULL;
         }
@@ -593,6 +593,8 @@ const lp_adapter *lp_context_slot_adapter(const lp_context *ctx, int slot) {
 }
 
 int lp_context_n_slots(const lp_context *ctx) { return ctx->params.max_adapters; }
+
+void lp_context_set_onehot(lp_context *ctx, bool on) { ctx->adapters_onehot = on; }
 
 void lp_context_set_abort(lp_context *ctx, bool (*fn)(void *user), void *user) {
     ctx->abort_fn = fn;
