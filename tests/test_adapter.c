@@ -10,6 +10,7 @@
 #include "check.h"
 #include "formats/lpa.h"
 #include "model/adapter.h"
+#include "tools/adapter_write.h"
 
 #define MODELS LP_SHARED_MODELS
 static const char *const base_path = MODELS "/stories260K.gguf";

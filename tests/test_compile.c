@@ -12,6 +12,9 @@
 #include "check.h"
 #include "formats/lpx.h"
 #include "model/context.h"
+#include "tools/adapter_write.h"
+#include "tools/compile.h"
+#include "tools/synth.h"
 
 static char tmpdir[256];
 

@@ -10,6 +10,7 @@
 
 #include "check.h"
 #include "model/context.h"
+#include "tools/synth.h"
 #include "naive_forward.h"
 
 /* Path of a shared test file; four rotating buffers so two can be live. */

@@ -9,6 +9,8 @@
 
 #include "check.h"
 #include "model/context.h"
+#include "tools/adapter_write.h"
+#include "tools/synth.h"
 
 /* KV in f32 (kv_f32) or the default f16. */
 static lp_context *make_ctx_kv(const lp_model *m, int max_adapters, bool kv_f32) {

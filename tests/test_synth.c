@@ -12,7 +12,7 @@
 #include "check.h"
 #include "formats/gguf.h"
 #include "kernels/kernels.h"
-#include "model/synth.h"
+#include "tools/synth.h"
 
 static char tmpdir[64];
 

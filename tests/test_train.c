@@ -13,6 +13,8 @@
 
 #include "check.h"
 #include "model/context.h"
+#include "tools/adapter_write.h"
+#include "tools/compile.h"
 #include "train/train.h"
 #include "train/train_internal.h"
 

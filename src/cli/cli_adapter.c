@@ -6,6 +6,7 @@
 
 #include "../base/dtype.h"
 #include "../model/adapter.h"
+#include "../tools/adapter_write.h"
 #include "cli.h"
 
 int cli_adapter(int argc, char **argv);

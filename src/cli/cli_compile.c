@@ -9,6 +9,7 @@
 
 #include "../base/base.h"
 #include "../model/model.h"
+#include "../tools/compile.h"
 #include "cli.h"
 
 int cli_compile(int argc, char **argv);

@@ -8,7 +8,7 @@
 
 #include "../base/base.h"
 #include "../base/dtype.h"
-#include "../model/synth.h"
+#include "../tools/synth.h"
 #include "cli.h"
 
 static void synth_usage(FILE *out) {

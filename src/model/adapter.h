@@ -12,6 +12,7 @@
 #ifndef LP_ADAPTER_H
 #define LP_ADAPTER_H
 
+#include "../formats/lpa.h"
 #include "model.h"
 
 typedef enum lp_proj {
@@ -67,16 +68,14 @@ lp_adapter *lp_adapter_inspect(const char *path, lp_error *err);
 lp_adapter *lp_adapter_load_lpa_memory(const lp_model *model, const void *data,
                                        size_t size, const char *what, float scale,
                                        lp_error *err);
-/* Writes the adapter (loaded for a base) as .lpa. dtype: LP_F32, LP_F16,
- * LP_W8 / LP_W4 (int8 / int4 in the integer kernels' layout, group 32; a
- * projection whose input width is not a multiple of 32 is written as F16),
- * or -1 to keep each pair's type. */
-int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err);
-/* Writes `base` (a GGUF base) with W' = W + scale * B A of every adapter
- * folded in: adapted projections as F32, everything else as stored, all
- * metadata copied. The per-task merged baseline. */
-int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, int n,
-                     const char *out_path, lp_error *err);
+/* For the writers in the tools library (src/tools/adapter_write.c): the
+ * base description an .lpa file records, the base weight of a projection,
+ * a name copy that keeps whole UTF-8 characters, and "blk.N.<proj>.weight"
+ * -> layer, projection. */
+lp_lpa_base lp_adapter_lpa_base(const lp_model *m);
+const lp_weight *lp_adapter_base_weight(const lp_model *m, int layer, lp_proj p);
+void lp_adapter_copy_name(char *dst, size_t cap, const char *src, size_t len);
+bool lp_adapter_parse_base_name(const char *name, int *layer, lp_proj *proj);
 
 /* ---- PEFT adapter_config.json (exposed for the fuzzer) ---- */
 struct cJSON;

@@ -9,15 +9,7 @@
 #include <stdint.h>
 
 #include "../base/base.h"
-
-typedef enum lp_arch {
-    LP_ARCH_LLAMA,   /* also mistral: GGUF arch "llama" */
-    LP_ARCH_QWEN2,   /* q/k/v biases, NEOX rope */
-    LP_ARCH_QWEN3,   /* q/k RMS norm, NEOX rope, head_dim from key_length */
-} lp_arch;
-
-const char *lp_arch_name(lp_arch a);   /* "llama", "qwen2", "qwen3" */
-int lp_arch_from_name(const char *name, lp_arch *out); /* 0 ok, -1 unknown */
+#include "../model/arch.h"
 
 typedef struct lp_synth_params {
     lp_arch arch;

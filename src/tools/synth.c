@@ -40,31 +40,6 @@
 #include "../formats/gguf.h"
 #include "../kernels/kernels.h"
 
-/* ---- architectures ------------------------------------------------------- */
-
-static const char *const arch_names[] = {
-    [LP_ARCH_LLAMA] = "llama",
-    [LP_ARCH_QWEN2] = "qwen2",
-    [LP_ARCH_QWEN3] = "qwen3",
-};
-#define N_ARCHS ((int)(sizeof arch_names / sizeof arch_names[0]))
-
-const char *lp_arch_name(lp_arch a) {
-    if ((int)a < 0 || (int)a >= N_ARCHS) return "unknown";
-    return arch_names[a];
-}
-
-int lp_arch_from_name(const char *name, lp_arch *out) {
-    if (!name) return -1;
-    for (int i = 0; i < N_ARCHS; i++) {
-        if (strcmp(name, arch_names[i]) == 0) {
-            *out = (lp_arch)i;
-            return 0;
-        }
-    }
-    return -1;
-}
-
 /* ---- presets ------------------------------------------------------------- */
 
 typedef struct synth_preset {
@@ -297,7 +272,7 @@ static void llama3_rope_factors(float *out, int head_dim, float theta) {
 }
 
 static int check_params(const lp_synth_params *p, lp_error *err) {
-    if ((int)p->arch < 0 || (int)p->arch >= N_ARCHS)
+    if ((int)p->arch < 0 || (int)p->arch >= LP_ARCH_COUNT)
         return lp_fail(err, "synth: unknown architecture id %d", (int)p->arch);
     if (p->dim < 1 || p->dim > 65536 || p->n_layers < 1 || p->n_layers > 1024 ||
         p->n_heads < 1 || p->n_heads > 1024 || p->n_kv_heads < 1 ||

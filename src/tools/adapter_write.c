@@ -1,0 +1,191 @@
+/* LoRA adapters, the writing side (tools library): .lpa writing and merging
+ * into a base GGUF. The loaders are in the runtime (src/model/adapter.c). */
+#include "adapter_write.h"
+
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/dtype.h"
+#include "../formats/gguf.h"
+#include "../formats/lpa.h"
+
+/* Row r of a half as `cols` floats (a packed B row has padding columns
+ * past the rank; they are dropped). */
+static void half_row(const lp_weight *w, int64_t r, float *row_buf, float *dst, int64_t cols) {
+    lp_weight_dequantize_row(w, r, row_buf);
+    memcpy(dst, row_buf, (size_t)cols * sizeof(float));
+}
+
+/* ---- writing .lpa ------------------------------------------------------------------------ */
+
+/* A pair half as `type` (F32, F16, W8) in the .lpa layout: the data itself
+ * when it already is, else a converted copy left in *tmp. cols: the half's
+ * true width (B: the rank, without the padding of a packed B). */
+static const void *as_type(const lp_weight *w, int64_t cols, uint32_t type, void **tmp, const char *what,
+                           lp_error *err) {
+    *tmp = NULL;
+    if (w->type == type) return w->data;
+    bool packed = type == LP_W8 || type == LP_W4;
+    int64_t rows = w->rows, out_cols = packed ? (cols + 31) & ~(int64_t)31 : cols;
+    float *f = lp_alloc((size_t)rows * (size_t)out_cols * sizeof(float));
+    float *row = lp_alloc((size_t)w->cols * sizeof(float));
+    size_t bytes = packed ? lp_pack_bytes(type, rows, out_cols, 32)
+                                 : (size_t)rows * (size_t)cols * (type == LP_F16 ? 2 : 4);
+    uint8_t *buf = bytes ? lp_alloc(bytes) : NULL;
+    const void *result = NULL;
+    if (!f || !row || !buf) {
+        if (!bytes) lp_fail(err, "%s: W8/W4 need widths that are multiples of 32 (this half is %lld wide)", what,
+                            (long long)w->cols);
+        else lp_fail(err, "out of memory");
+        goto done;
+    }
+    for (int64_t r = 0; r < rows; r++) {
+        float *dst = f + r * out_cols;
+        half_row(w, r, row, dst, cols);
+        for (int64_t c = cols; c < out_cols; c++) dst[c] = 0.0f; /* packed B padding */
+    }
+    if (packed) {
+        if (lp_pack_weight(type, 32, f, rows, out_cols, buf)) {
+            lp_fail(err, "%s: cannot pack a %lld x %lld half as %s", what, (long long)rows, (long long)out_cols,
+                    lp_dtype_name(type));
+            goto done;
+        }
+    } else {
+        size_t n = (size_t)rows * (size_t)cols;
+        for (size_t i = 0; i < n; i++) {
+            if (type == LP_F32) {
+                memcpy(buf + 4 * i, &f[i], 4);
+                continue;
+            }
+            uint16_t h = lp_f32_to_f16(f[i]);
+            if (!isfinite(lp_f16_to_f32(h))) {
+                lp_fail(err, "%s: value %g does not fit in F16", what, (double)f[i]);
+                goto done;
+            }
+            memcpy(buf + 2 * i, &h, 2);
+        }
+    }
+    result = *tmp = buf;
+    buf = NULL;
+done:
+    lp_free(f);
+    lp_free(row);
+    lp_free(buf);
+    return result;
+}
+
+int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err) {
+    if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
+    if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16 && dtype != LP_W8 && dtype != LP_W4)
+        return lp_fail(err, "%s: .lpa data must be F32, F16, W8 or W4", path);
+    size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
+    lp_lpa_entry *es = calloc(n_slots ? n_slots : 1, sizeof *es);
+    void **tmps = calloc(n_slots * 2 + 1, sizeof *tmps);
+    int rc = es && tmps ? 0 : lp_fail(err, "out of memory");
+    uint32_t n = 0;
+    for (size_t s = 0; s < n_slots && rc == 0; s++) {
+        const lp_lora_pair *p = &a->pairs[s];
+        if (p->rank == 0) continue;
+        uint32_t type = dtype == -1 ? p->A.type : (uint32_t)dtype;
+        /* W8 groups are 32 wide: a projection whose input is not (stories260K's
+         * 172-wide down) keeps F16 */
+        if ((type == LP_W8 || type == LP_W4) && p->A.cols % 32) type = LP_F16;
+        lp_lpa_entry *e = &es[n++];
+        e->layer = (uint32_t)(s / LP_PROJ_COUNT);
+        e->proj = (uint32_t)(s % LP_PROJ_COUNT);
+        e->rank = (uint32_t)p->rank;
+        e->dtype = type;
+        e->scale = p->scale;
+        e->a = as_type(&p->A, p->A.cols, type, &tmps[2 * s], path, err);
+        e->b = e->a ? as_type(&p->B, p->rank, type, &tmps[2 * s + 1], path, err) : NULL;
+        if (!e->a || !e->b) rc = -1;
+    }
+    if (rc == 0) {
+        lp_lpa_base base = lp_adapter_lpa_base(a->base);
+        rc = lp_lpa_write(path, &base, a->name, a->base_name, es, n, err);
+    }
+    for (size_t i = 0; tmps && i < n_slots * 2; i++) lp_free(tmps[i]);
+    free(tmps);
+    free(es);
+    return rc;
+}
+
+/* ---- merging ------------------------------------------------------------------------------ */
+
+static float *to_f32(const lp_weight *w) {
+    float *out = lp_alloc((size_t)w->rows * (size_t)w->cols * sizeof(float));
+    if (!out) return NULL;
+    for (int64_t r = 0; r < w->rows; r++) lp_weight_dequantize_row(w, r, out + r * w->cols);
+    return out;
+}
+
+/* W += scale * B A, with delta = B A accumulated first (as llama.cpp does). */
+static int add_low_rank(float *W, const lp_lora_pair *p, int64_t rows, int64_t cols) {
+    float *A = to_f32(&p->A), *B = to_f32(&p->B), *delta = lp_alloc((size_t)cols * sizeof(float));
+    int rc = A && B && delta ? 0 : -1;
+    for (int64_t r = 0; r < rows && rc == 0; r++) {
+        memset(delta, 0, (size_t)cols * sizeof(float));
+        for (int k = 0; k < p->rank; k++) {
+            float b = B[r * p->B.cols + k];
+            const float *arow = A + (int64_t)k * cols;
+            for (int64_t c = 0; c < cols; c++) delta[c] += b * arow[c];
+        }
+        for (int64_t c = 0; c < cols; c++) W[r * cols + c] += p->scale * delta[c];
+    }
+    lp_free(A);
+    lp_free(B);
+    lp_free(delta);
+    return rc;
+}
+
+int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, int n,
+                     const char *out_path, lp_error *err) {
+    if (!base->gguf)
+        return lp_fail(err, "%s: merging needs a GGUF base (this base is %s)", base->path,
+                       base->format);
+    for (int i = 0; i < n; i++)
+        if (adapters[i]->base != base)
+            return lp_fail(err, "adapter '%s' was not loaded for this base", adapters[i]->name);
+    const lp_gguf *g = base->gguf;
+    lp_gguf_writer *w = lp_gguf_writer_create();
+    if (!w) return lp_fail(err, "out of memory");
+    for (size_t i = 0; i < lp_gguf_kv_count(g); i++) {
+        const lp_gguf_kv *kv = lp_gguf_kv_at(g, i);
+        if (lp_str_eq(kv->key, "general.file_type")) continue; /* types change */
+        lp_gguf_writer_copy_kv(w, kv);
+    }
+    int rc = 0;
+    for (size_t i = 0; i < lp_gguf_tensor_count(g) && rc == 0; i++) {
+        const lp_gguf_tensor *t = lp_gguf_tensor_at(g, i);
+        char name[192];
+        lp_adapter_copy_name(name, sizeof name, t->name.ptr, t->name.len);
+        int layer;
+        lp_proj proj;
+        bool adapted = false;
+        if (lp_adapter_parse_base_name(name, &layer, &proj) && layer < base->hp.n_layers)
+            for (int k = 0; k < n; k++)
+                if (lp_adapter_pair(adapters[k], layer, proj)->rank > 0) adapted = true;
+        if (!adapted) {
+            lp_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->dims, t->data, t->n_bytes);
+            continue;
+        }
+        const lp_weight *bw = lp_adapter_base_weight(base, layer, proj);
+        float *W = to_f32(bw);
+        if (!W) rc = lp_fail(err, "out of memory merging %s", name);
+        for (int k = 0; k < n && rc == 0; k++) {
+            const lp_lora_pair *p = lp_adapter_pair(adapters[k], layer, proj);
+            if (p->rank > 0 && add_low_rank(W, p, bw->rows, bw->cols))
+                rc = lp_fail(err, "out of memory merging %s", name);
+        }
+        if (rc == 0) {
+            uint64_t dims[2] = {(uint64_t)bw->cols, (uint64_t)bw->rows};
+            lp_gguf_writer_add_tensor_copy(w, name, LP_F32, 2, dims, W,
+                                           (size_t)bw->rows * (size_t)bw->cols * sizeof(float));
+        }
+        lp_free(W);
+    }
+    if (rc == 0) rc = lp_gguf_writer_write(w, out_path, err);
+    lp_gguf_writer_free(w);
+    return rc;
+}
