@@ -52,6 +52,11 @@ typedef struct lp_error {
 /* "ok", "invalid argument", "out of memory", "KV cache full", "cancelled",
  * "I/O error", "format error". */
 const char *lp_status_name(lp_status status);
+/* Fills err (if non-NULL) with a status and a printf-style message and
+ * returns -1, for code built on this API that reports errors the same way
+ * (the engine does). */
+int lp_error_set(lp_error *err, lp_status status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
 
 typedef struct lp_model lp_model;
 typedef struct lp_context lp_context;

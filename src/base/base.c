@@ -15,25 +15,35 @@
 
 /* ---- errors ------------------------------------------------------------ */
 
-int lp_fail(lp_error *err, const char *fmt, ...) {
+static int set_error(lp_error *err, lp_status status, const char *fmt, va_list ap) {
     if (err) {
-        va_list ap;
-        va_start(ap, fmt);
         vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-        err->status = LP_ERR_INVALID;
+        err->status = status;
     }
     return -1;
 }
 
+int lp_fail(lp_error *err, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(err, LP_ERR_INVALID, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
 int lp_fail_status(lp_error *err, lp_status status, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-        err->status = status;
-    }
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(err, status, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+int lp_error_set(lp_error *err, lp_status status, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    set_error(err, status, fmt, ap);
+    va_end(ap);
     return -1;
 }
 

@@ -11,7 +11,6 @@
 #include "loraplex.h"
 
 #include <math.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,16 +69,6 @@ struct lp_engine {
     int64_t n_steps, n_rows_total;
 };
 
-static int fail(lp_error *err, lp_status status, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-        err->status = status;
-    }
-    return -1;
-}
 
 lp_request lp_request_default(void) {
     return (lp_request){
@@ -98,7 +87,7 @@ lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params, lp_
     lp_context_params cp;
     lp_engine *e = calloc(1, sizeof *e);
     if (!e) {
-        fail(err, LP_ERR_NOMEM, "out of memory for an engine");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory for an engine");
         return NULL;
     }
     e->ctx = ctx;
@@ -114,7 +103,7 @@ lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params, lp_
     lp_engine_params *p = &e->params;
     if (p->first_seq < 0 || p->first_seq >= cp.max_sequences || p->n_seqs < 0 ||
         p->first_seq + p->n_seqs > cp.max_sequences) {
-        fail(err, LP_ERR_INVALID, "engine sequences %d..%d are outside the context's 0..%d", p->first_seq,
+        lp_error_set(err, LP_ERR_INVALID, "engine sequences %d..%d are outside the context's 0..%d", p->first_seq,
              p->first_seq + p->n_seqs - 1, cp.max_sequences - 1);
         free(e);
         return NULL;
@@ -125,7 +114,7 @@ lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params, lp_
     e->rows = calloc((size_t)cp.max_rows, sizeof *e->rows);
     e->row_req = calloc((size_t)cp.max_rows, sizeof *e->row_req);
     if (!e->seqs || !e->rows || !e->row_req) {
-        fail(err, LP_ERR_NOMEM, "out of memory for an engine");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory for an engine");
         lp_engine_free(e);
         return NULL;
     }
@@ -170,7 +159,7 @@ static int new_entry(lp_engine *e, lp_error *err) {
     request **run = realloc(e->running, (size_t)n * sizeof *run);
     if (run) e->running = run;
     request *t = run ? realloc(e->req, (size_t)n * sizeof *t) : NULL;
-    if (!t) return fail(err, LP_ERR_NOMEM, "out of memory for requests");
+    if (!t) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for requests");
     memset(t + e->n_req, 0, (size_t)(n - e->n_req) * sizeof *t);
     e->req = t;
     int id = e->n_req;
@@ -185,15 +174,15 @@ static int copy_prompt(lp_engine *e, request *r, const lp_request *q, lp_error *
         n = lp_tokenize(e->model, q->text, len, lp_model_add_bos(e->model), true, NULL, 0, err);
         if (n < 0) return -1;
     }
-    if (n < 1) return fail(err, LP_ERR_INVALID, "the request's prompt is empty (no tokens)");
+    if (n < 1) return lp_error_set(err, LP_ERR_INVALID, "the request's prompt is empty (no tokens)");
     if (n > e->max_seq_len)
-        return fail(err, LP_ERR_KV_FULL, "a prompt of %d tokens does not fit a sequence (%d)", n,
+        return lp_error_set(err, LP_ERR_KV_FULL, "a prompt of %d tokens does not fit a sequence (%d)", n,
                     e->max_seq_len);
     int extra = q->max_tokens > 0 ? q->max_tokens : 0;
     if (extra > e->max_seq_len) extra = e->max_seq_len;
     r->cap = n + extra + 1;
     r->tokens = malloc((size_t)r->cap * sizeof(int32_t));
-    if (!r->tokens) return fail(err, LP_ERR_NOMEM, "out of memory for a prompt of %d tokens", n);
+    if (!r->tokens) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a prompt of %d tokens", n);
     if (q->prompt) {
         memcpy(r->tokens, q->prompt, (size_t)n * sizeof(int32_t));
     } else if (lp_tokenize(e->model, q->text, strlen(q->text), lp_model_add_bos(e->model), true, r->tokens, n,
@@ -202,21 +191,21 @@ static int copy_prompt(lp_engine *e, request *r, const lp_request *q, lp_error *
     }
     for (int i = 0; i < n; i++)
         if (r->tokens[i] < 0 || r->tokens[i] >= e->n_vocab)
-            return fail(err, LP_ERR_INVALID, "prompt token %d (%d) is outside the vocabulary", i, r->tokens[i]);
+            return lp_error_set(err, LP_ERR_INVALID, "prompt token %d (%d) is outside the vocabulary", i, r->tokens[i]);
     r->n_tokens = n;
     r->stats.n_prompt = n;
     return 0;
 }
 
 static int copy_stops(request *r, const lp_request *q, lp_error *err) {
-    if (q->n_stop < 0 || (q->n_stop > 0 && !q->stop)) return fail(err, LP_ERR_INVALID, "bad stop list");
+    if (q->n_stop < 0 || (q->n_stop > 0 && !q->stop)) return lp_error_set(err, LP_ERR_INVALID, "bad stop list");
     if (q->n_stop == 0) return 0;
     r->stop = calloc((size_t)q->n_stop, sizeof *r->stop);
-    if (!r->stop) return fail(err, LP_ERR_NOMEM, "out of memory");
+    if (!r->stop) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < q->n_stop; i++) {
-        if (!q->stop[i]) return fail(err, LP_ERR_INVALID, "stop string %d is NULL", i);
+        if (!q->stop[i]) return lp_error_set(err, LP_ERR_INVALID, "stop string %d is NULL", i);
         r->stop[i] = strdup(q->stop[i]);
-        if (!r->stop[i]) return fail(err, LP_ERR_NOMEM, "out of memory");
+        if (!r->stop[i]) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     }
     return 0;
 }
@@ -224,11 +213,11 @@ static int copy_stops(request *r, const lp_request *q, lp_error *err) {
 static void finish(lp_engine *e, request *r, const char *reason, lp_status status);
 
 int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
-    if (!q) return fail(err, LP_ERR_INVALID, "no request");
-    if (q->n_prefix < 0) return fail(err, LP_ERR_INVALID, "n_prefix %d is negative", q->n_prefix);
-    if (q->max_tokens < 0) return fail(err, LP_ERR_INVALID, "max_tokens %d is negative", q->max_tokens);
+    if (!q) return lp_error_set(err, LP_ERR_INVALID, "no request");
+    if (q->n_prefix < 0) return lp_error_set(err, LP_ERR_INVALID, "n_prefix %d is negative", q->n_prefix);
+    if (q->max_tokens < 0) return lp_error_set(err, LP_ERR_INVALID, "max_tokens %d is negative", q->max_tokens);
     if (q->first_token >= e->n_vocab)
-        return fail(err, LP_ERR_INVALID, "first_token %d is outside the vocabulary", q->first_token);
+        return lp_error_set(err, LP_ERR_INVALID, "first_token %d is outside the vocabulary", q->first_token);
     int id = new_entry(e, err);
     if (id < 0) return -1;
     request *r = &e->req[id];
@@ -555,7 +544,7 @@ static int emit(lp_engine *e, request *r, int32_t tok, lp_error *err) {
     char piece[256];
     size_t len = lp_token_to_piece(e->model, tok, piece, sizeof piece);
     if (len > sizeof piece) len = sizeof piece;
-    if (!pending_append(&r->text, piece, len)) return fail(err, LP_ERR_NOMEM, "out of memory");
+    if (!pending_append(&r->text, piece, len)) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     int id = (int)(r - e->req);
     long at = find_stop(r->text.buf, r->text.len, r->stop, r->spec.n_stop);
     if (at >= 0) {
@@ -695,7 +684,7 @@ int lp_engine_step(lp_engine *e, lp_error *err) {
             bool held = false;
             for (int i = 0; i < e->n_req; i++) {
                 request *r = &e->req[i];
-                if (r->used && r->state == REQ_RUNNING) return fail(err, LP_ERR_INVALID, "engine stalled");
+                if (r->used && r->state == REQ_RUNNING) return lp_error_set(err, LP_ERR_INVALID, "engine stalled");
                 if (r->used && r->state == REQ_QUEUED && (!oldest || r->submitted < oldest->submitted)) oldest = r;
                 /* one preempted in this step waits only while others run */
                 if (r->used && r->state == REQ_QUEUED && r->preempted_at) {
@@ -734,7 +723,7 @@ int lp_engine_run(lp_engine *e, lp_error *err) {
 
 int lp_engine_cancel(lp_engine *e, int id, lp_error *err) {
     request *r = get(e, id);
-    if (!r) return fail(err, LP_ERR_INVALID, "request %d does not exist", id);
+    if (!r) return lp_error_set(err, LP_ERR_INVALID, "request %d does not exist", id);
     finish(e, r, "cancelled", LP_ERR_CANCELLED);
     return 0;
 }

@@ -8,7 +8,6 @@
  * stays as a cached prefix for the next call (the next chat turn). */
 #include "loraplex.h"
 
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,16 +19,6 @@ static double now_seconds(void) {
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-static int fail(lp_error *err, lp_status status, const char *fmt, ...) {
-    if (err) {
-        va_list ap;
-        va_start(ap, fmt);
-        vsnprintf(err->message, sizeof err->message, fmt, ap);
-        va_end(ap);
-        err->status = status;
-    }
-    return -1;
-}
 
 lp_generate_params lp_generate_default_params(void) {
     lp_generate_params p = {0};
@@ -58,14 +47,14 @@ static int stream_tokens(const lp_model *m, const int32_t *prompt, int n_prompt,
     size_t suffix_len = suffix ? strlen(suffix) : 0;
     int cap = n_prompt + (int)suffix_len + 8;
     int32_t *t = malloc((size_t)cap * sizeof *t);
-    if (!t) return fail(err, LP_ERR_NOMEM, "out of memory");
+    if (!t) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     memcpy(t, prompt, (size_t)n_prompt * sizeof *t);
     int n = 0;
     if (suffix_len) {
         n = lp_tokenize(m, suffix, suffix_len, false, true, t + n_prompt, cap - n_prompt, err);
         if (n < 0 || n > cap - n_prompt) {
             free(t);
-            return n < 0 ? -1 : fail(err, LP_ERR_INVALID, "suffix too long");
+            return n < 0 ? -1 : lp_error_set(err, LP_ERR_INVALID, "suffix too long");
         }
     }
     *out = t;
@@ -82,19 +71,19 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
     lp_context_get_params(ctx, &cp);
     const lp_model *m = lp_context_model(ctx);
     if (stats) *stats = st;
-    if (n_prompt < 1) return fail(err, LP_ERR_INVALID, "the prompt is empty (no tokens)");
-    if (n_streams < 1) return fail(err, LP_ERR_INVALID, "no streams requested");
+    if (n_prompt < 1) return lp_error_set(err, LP_ERR_INVALID, "the prompt is empty (no tokens)");
+    if (n_streams < 1) return lp_error_set(err, LP_ERR_INVALID, "no streams requested");
     if (p.first_seq < 0 || p.first_seq + n_streams > cp.max_sequences)
-        return fail(err, LP_ERR_INVALID, "%d streams from sequence %d need %d sequences; this context has %d",
+        return lp_error_set(err, LP_ERR_INVALID, "%d streams from sequence %d need %d sequences; this context has %d",
                     n_streams, p.first_seq, p.first_seq + n_streams, cp.max_sequences);
     if (p.prefix_adapter < 0 || p.prefix_adapter > cp.max_adapters)
-        return fail(err, LP_ERR_INVALID, "prefix adapter slot %d out of range", p.prefix_adapter);
+        return lp_error_set(err, LP_ERR_INVALID, "prefix adapter slot %d out of range", p.prefix_adapter);
     for (int i = 0; i < n_streams; i++) {
         if (!specs[i].sampler && specs[i].first_token < 0 && p.seed_top <= 0)
-            return fail(err, LP_ERR_INVALID, "stream %d has no sampler", i);
+            return lp_error_set(err, LP_ERR_INVALID, "stream %d has no sampler", i);
         if (specs[i].adapter < 0 || specs[i].adapter > cp.max_adapters ||
             (specs[i].adapter > 0 && !lp_context_slot_adapter(ctx, specs[i].adapter)))
-            return fail(err, LP_ERR_INVALID, "stream %d: adapter slot %d is not bound", i, specs[i].adapter);
+            return lp_error_set(err, LP_ERR_INVALID, "stream %d: adapter slot %d is not bound", i, specs[i].adapter);
     }
     /* Streams that differ from the prefix (own adapter or suffix) compute
      * the last prompt token under their own adapter. */
@@ -111,7 +100,7 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
     streams_run R = {fn, user, stream_of, n_streams};
     int rc = -1;
     if (!ids || !stream_of) {
-        fail(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int i = 0; i < n_streams; i++) {
@@ -120,7 +109,7 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
         if (n < 0) goto done;
         if (n >= cp.max_seq_len) {
             free(toks);
-            fail(err, LP_ERR_KV_FULL, "stream %d: prompt of %d tokens does not fit the context (%d)", i, n,
+            lp_error_set(err, LP_ERR_KV_FULL, "stream %d: prompt of %d tokens does not fit the context (%d)", i, n,
                  cp.max_seq_len);
             goto done;
         }
@@ -172,7 +161,7 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
         lp_request_stats rs;
         lp_engine_request_stats(e, ids[i], &rs);
         if (rs.status == LP_ERR_KV_FULL && rc == 0)
-            rc = fail(err, LP_ERR_KV_FULL, "stream %d: the KV cache has no room for it", i);
+            rc = lp_error_set(err, LP_ERR_KV_FULL, "stream %d: the KV cache has no room for it", i);
         if (i == 0) st.n_reused = rs.n_reused;
         st.n_generated += rs.n_generated;
         if (stream_stats) stream_stats[i] = (lp_stream_stats){rs.n_generated, rs.stop_reason};
