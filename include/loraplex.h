@@ -1,23 +1,34 @@
 /* loraplex: one frozen Llama-family model, many adapters, on a CPU.
  *
  * The whole public C API. Opaque handles, explicit errors (every fallible
- * call takes an lp_error * and returns NULL / a negative value on failure with
- * a human-readable message in err->message), no global state.
+ * call takes an lp_error * and returns NULL / a negative value on failure
+ * with a status and a human-readable message in it), no global state.
  *
  * Threading: a model is immutable after loading and may be shared by any
- * number of contexts in any threads; a context is used by one thread at a
- * time (it owns its worker threads).
+ * number of contexts in any threads; a context (and an engine over it) is
+ * used by one thread at a time (it owns its worker threads).
  *
- * The model of computation (see docs and DESIGN.md §2):
+ * Lifetimes and ownership:
+ *   - a model outlives every context and adapter made from it, and an
+ *     adapter outlives every slot binding it (and every engine request
+ *     naming it); free them in the reverse order;
+ *   - strings in lp_model_info, and lp_adapter_name, live as long as the
+ *     model / adapter; logits (lp_logits) until the next lp_forward on that
+ *     context; engine token arrays until the engine next steps;
+ *   - memory a call returns for the caller to keep (lp_chat_apply) is
+ *     released with lp_free; every other pointer stays the library's.
+ *
+ * The model of computation (README, "The C API"; docs/engine.md):
  *   - a context owns a paged KV cache holding up to max_sequences sequences;
  *   - lp_forward runs ONE batch of rows through the model. A row is a token
- *     at a position in a sequence. It sees its sequence's committed KV plus
- *     its chain of parent rows in the same batch (parent = -1: none). Prefill
- *     is a chain of rows, decode is one row per sequence, a speculative tree
- *     is a tree of rows;
+ *     (or a row of a bound embedding table) at a position in a sequence. It
+ *     sees its sequence's committed KV plus its chain of parent rows in the
+ *     same batch (parent = -1: none). Prefill is a chain of rows, decode is
+ *     one row per sequence, a speculative tree is a tree of rows;
  *   - rows flagged `commit` are appended to their sequence's KV after the
  *     pass; others can be committed later with lp_commit_rows (until the
- *     next forward). */
+ *     next forward);
+ *   - the engine (lp_engine) builds those batches from many requests. */
 #ifndef LORAPLEX_H
 #define LORAPLEX_H
 
@@ -57,6 +68,9 @@ const char *lp_status_name(lp_status status);
  * (the engine does). */
 int lp_error_set(lp_error *err, lp_status status, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
+
+/* Releases memory the library handed to the caller (NULL is fine). */
+void lp_free(void *p);
 
 typedef struct lp_model lp_model;
 typedef struct lp_context lp_context;
@@ -135,7 +149,8 @@ typedef struct lp_message {
     const char *content;
 } lp_message;
 
-/* Renders a chat with the model's template; malloc'd string, caller frees. */
+/* Renders a chat with the model's template; the string is the caller's
+ * (lp_free). */
 char *lp_chat_apply(const lp_model *model, const lp_message *msgs, int n,
                     bool add_generation_prompt, lp_error *err);
 

@@ -38,7 +38,7 @@ void *lp_alloc(size_t size);
  * written before they are read (the KV cache): their pages are only
  * touched, and so only made resident, as they are used. */
 void *lp_alloc_uninit(size_t size);
-void lp_free(void *p);
+/* lp_free (public) releases both. */
 /* a*b with overflow check: returns false on overflow. */
 static inline bool lp_mul_ok(size_t a, size_t b, size_t *out) {
     return !__builtin_mul_overflow(a, b, out);

@@ -231,7 +231,7 @@ static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const
         if (n <= cap) break;
         cap = n;
     }
-    free(rendered);
+    lp_free(rendered);
     if (n < 0 || n > cap) {
         if (n > cap) lp_fail(err, "prompt too long");
         free(tokens);
