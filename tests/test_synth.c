@@ -338,6 +338,7 @@ static void test_values(void) {
     CHECK_MSG(err2 / ss < 0.02, "Q4_K relative error %g", err2 / ss);
     /* ... and so does the Q6_K embedding */
     const lp_gguf_tensor *qe = lp_gguf_find_tensor(q, "token_embd.weight");
+    CHECK_MSG(qe != NULL, "token_embd.weight missing from the Q4_K file");
     err2 = 0;
     for (int r = 0; qe && r < 259; r++) {
         lp_dequantize_row(qe->type, (const uint8_t *)qe->data + (size_t)r * 210, row, 256);
