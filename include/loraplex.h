@@ -440,6 +440,10 @@ typedef struct lp_engine_params {
     int max_prefill_rows;       /* prompt rows per step over all requests
                                    (default: the context's max_rows) */
     int first_seq, n_seqs;      /* the sequences it may use (default all) */
+    int min_shared;             /* a new request waits for a running one to compute
+                                   a common prefix only if it is at least this many
+                                   tokens longer than what it can reuse now (0: 16;
+                                   the streams use 1) */
 } lp_engine_params;
 
 lp_engine_params lp_engine_default_params(void);

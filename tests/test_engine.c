@@ -347,6 +347,29 @@ static void test_prefix_cache(const lp_model *m, lp_adapter *const *adapters) {
               r[2].stats.n_reused, r[3].stats.n_reused);
     CHECK(same_result(&r[0], &r[1]));
     lp_engine_free(e);
+
+    /* submitted together with a long common prompt: the second waits for the
+     * first to compute it, forks it, and outputs what it would alone */
+    e = lp_engine_create(ctx, NULL, &err);
+    static result s2[2], alone2[2];
+    memset(s2, 0, sizeof s2);
+    job shared[2] = {
+        {"One day, Tim went to the park with his mom. They saw a big tree and a little bird. The bird was sad.", 1,
+         0, 1, 10},
+        {"One day, Tim went to the park with his mom. They saw a big tree and a little bird. The bird was happy.",
+         1, 0.8f, 5, 10},
+    };
+    int ids2[2];
+    for (int i = 0; i < 2; i++) {
+        lp_request q2 = make_request(&shared[i], adapters, &s2[i]);
+        ids2[i] = lp_engine_submit(e, &q2, &err);
+    }
+    CHECK(lp_engine_run(e, &err) == 0);
+    for (int i = 0; i < 2; i++) take_result(e, ids2[i], &s2[i]);
+    CHECK_MSG(s2[1].stats.n_reused >= 16, "the second request reused %d tokens", s2[1].stats.n_reused);
+    lp_engine_free(e);
+    run_alone(ctx, shared, 2, adapters, alone2);
+    for (int i = 0; i < 2; i++) CHECK(same_result(&s2[i], &alone2[i]));
     lp_context_free(ctx);
 }
 

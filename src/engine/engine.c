@@ -109,6 +109,7 @@ lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params, lp_
         return NULL;
     }
     if (p->n_seqs == 0) p->n_seqs = cp.max_sequences - p->first_seq;
+    if (p->min_shared <= 0) p->min_shared = 16;
     if (p->max_prefill_rows <= 0 || p->max_prefill_rows > cp.max_rows) p->max_prefill_rows = cp.max_rows;
     e->seqs = calloc((size_t)p->n_seqs, sizeof *e->seqs);
     e->rows = calloc((size_t)cp.max_rows, sizeof *e->rows);
@@ -335,7 +336,7 @@ static bool wait_for_leader(lp_engine *e, request *r, int have) {
         request *l = &e->req[i];
         if (!l->used || l->state != REQ_RUNNING || l == r) continue;
         int common = match_prompts(l, r, limit);
-        if (common > have && l->n_kv < common) {
+        if (common >= have + e->params.min_shared && l->n_kv < common) {
             r->leader = i;
             r->wait_len = common;
             return true;

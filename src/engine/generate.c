@@ -94,6 +94,7 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
     lp_engine_params ep = lp_engine_default_params();
     ep.first_seq = p.first_seq;
     ep.n_seqs = n_streams;
+    ep.min_shared = 1; /* the streams share their whole prompt, however short */
     lp_engine *e = lp_engine_create(ctx, &ep, err);
     if (!e) return -1;
     int *ids = calloc((size_t)n_streams, sizeof *ids), *stream_of = calloc((size_t)n_streams, sizeof *stream_of);
