@@ -308,14 +308,6 @@ static int bench_speed(const bench_options *o) {
     uint64_t model_bytes = file_bytes(o->model), wbpt = 0;
     lp_model_info info = {0};
     char model_name[128] = ""; /* info's strings die with the model */
-    int32_t *tokens = malloc((size_t)o->prompt * sizeof *tokens);
-    lp_row *rows = malloc((size_t)o->prompt * sizeof *rows);
-    if (!tokens || !rows) {
-        free(tokens);
-        free(rows);
-        fprintf(stderr, "loraplex bench: out of memory\n");
-        return 1;
-    }
     uint64_t rss = 0;
     for (int ti = 0; ti < o->n_threads; ti++) {
         double load[MAX_REPS], pre[MAX_REPS], dec[MAX_REPS];
@@ -337,8 +329,6 @@ static int bench_speed(const bench_options *o) {
             load[r] = (lp_now_seconds() - t0) * 1e3;
             if (!ctx) {
                 lp_model_free(model);
-                free(tokens);
-                free(rows);
                 return cli_fail(o->model, &err);
             }
             lp_model_get_info(model, &info);
@@ -346,13 +336,13 @@ static int bench_speed(const bench_options *o) {
                      info.name && info.name[0] ? info.name : info.arch);
             wbpt = weight_bytes_per_token(model);
             if (!model_bytes) model_bytes = info.weight_bytes;
-            random_tokens(model, 1234 + (uint64_t)r, tokens, o->prompt);
             /* one untimed pass first, as llama-bench does: the first touches
              * every mapped weight page and planned buffer (page faults) */
             int base = 0;
             engine_timing et = {0};
-            int rc = engine_generate(ctx, &base, 1, o->prompt, 2, 1234 + (uint64_t)r, &et, &err);
-            if (rc == 0) rc = engine_generate(ctx, &base, 1, o->prompt, o->n_gen + 1, 1234 + (uint64_t)r, &et, &err);
+            uint64_t seed = 1234 + (uint64_t)r;
+            int rc = engine_generate(ctx, &base, 1, o->prompt, 2, seed, &et, &err);
+            if (rc == 0) rc = engine_generate(ctx, &base, 1, o->prompt, o->n_gen + 1, seed, &et, &err);
             pre[r] = o->prompt / et.prefill_s;
             double s = rc ? -1 : et.decode_s;
             dec[r] = et.decode_steps / s;
@@ -362,18 +352,10 @@ static int bench_speed(const bench_options *o) {
             if (resident > rss) rss = resident;
             lp_context_free(ctx);
             lp_model_free(model);
-            if (rc || s < 0) {
-                free(tokens);
-                free(rows);
-                return cli_fail("forward", &err);
-            }
+            if (rc || s < 0) return cli_fail("forward", &err);
             if (o->bw_mib > 0) {
                 bw_test bw;
-                if (bw_test_create(&bw, threads, (size_t)o->bw_mib, &err)) {
-                    free(tokens);
-                    free(rows);
-                    return cli_fail("bandwidth test", &err);
-                }
+                if (bw_test_create(&bw, threads, (size_t)o->bw_mib, &err)) return cli_fail("bandwidth test", &err);
                 double *gbps = bw_all + r * BW_PASSES;
                 bw_test_run(&bw, BW_PASSES, gbps);
                 bw_test_free(&bw);
@@ -389,8 +371,6 @@ static int bench_speed(const bench_options *o) {
         res[ti].bw = tool_summarize(bw_all, o->bw_mib > 0 ? o->reps * BW_PASSES : 1);
         res[ti].roofline = tool_summarize(roof, o->bw_mib > 0 ? o->reps : 1);
     }
-    free(tokens);
-    free(rows);
     if (!rss) rss = peak_rss_bytes();
     if (!o->json) {
         printf("model %s: %s, %.1f MiB file, %.1f MiB weights read per token, peak RSS %.1f MiB\n",
@@ -724,9 +704,8 @@ typedef struct modes_point {
     tool_summary onehot_tok_s, ours_tok_s;
 } modes_point;
 
-static tool_summary repeat_decode(lp_context *ctx, lp_row *rows, int max_rows,
-                                  const int *adapters, int n_seqs, const bench_options *o,
-                                  lp_error *err, bool *failed) {
+static tool_summary repeat_decode(lp_context *ctx, const int *adapters, int n_seqs,
+                                  const bench_options *o, lp_error *err, bool *failed) {
     double v[MAX_REPS];
     for (int r = 0; r < o->reps; r++) {
         v[r] = decode_speed(ctx, adapters, n_seqs, o->prompt, o->n_gen, 7 + (uint64_t)r, err);
@@ -785,7 +764,6 @@ static int bench_adapter_modes(const bench_options *o) {
     int rc = 1, max_k = 0;
     bool failed = false;
     lp_context *ctx = NULL, *onehot = NULL;
-    lp_row *rows = NULL;
     modes_point pts[MAX_LIST];
     if (env_load(&e, o, &err)) {
         rc = cli_fail("bench", &err);
@@ -816,8 +794,7 @@ static int bench_adapter_modes(const bench_options *o) {
     cp.max_seq_len = o->prompt + o->n_gen + 16;
     cp.n_ctx = MAX_MIXED * cp.max_seq_len;
     cp.max_adapters = max_k > n_mixed ? max_k : n_mixed;
-    if (!(rows = malloc((size_t)max_rows * sizeof *rows)) ||
-        !(ctx = lp_context_create(e.model, &cp, &err))) {
+    if (!(ctx = lp_context_create(e.model, &cp, &err))) {
         rc = cli_fail("context", &err);
         goto out;
     }
@@ -836,7 +813,7 @@ static int bench_adapter_modes(const bench_options *o) {
     /* the bare base (after an untimed warm-up), and switching to another
      * merged model = loading one */
     failed = decode_speed(ctx, base_slot, 1, o->prompt, o->n_gen, 3, &err) < 0;
-    tool_summary base = repeat_decode(ctx, rows, max_rows, base_slot, 1, o, &err, &failed);
+    tool_summary base = repeat_decode(ctx, base_slot, 1, o, &err, &failed);
     double load_ms[MAX_REPS];
     for (int r = 0; r < o->reps && !failed; r++) {
         double t0 = lp_now_seconds();
@@ -862,16 +839,16 @@ static int bench_adapter_modes(const bench_options *o) {
             failed = true;
             break;
         }
-        p->onehot_tok_s = repeat_decode(onehot, rows, max_rows, one_slot, 1, o, &err, &failed);
-        p->ours_tok_s = repeat_decode(ctx, rows, max_rows, one_slot, 1, o, &err, &failed);
+        p->onehot_tok_s = repeat_decode(onehot, one_slot, 1, o, &err, &failed);
+        p->ours_tok_s = repeat_decode(ctx, one_slot, 1, o, &err, &failed);
     }
     /* mixed batches: n_mixed sequences with their own adapters, all one, none */
     tool_summary mixed[3] = {{0}};
     double switch_ns = 0;
     if (!failed && !bind_first(ctx, &e, n_mixed, cp.max_adapters, &err)) {
-        mixed[0] = repeat_decode(ctx, rows, max_rows, own_slot, n_mixed, o, &err, &failed);
-        mixed[1] = repeat_decode(ctx, rows, max_rows, one_slot, n_mixed, o, &err, &failed);
-        mixed[2] = repeat_decode(ctx, rows, max_rows, base_slot, n_mixed, o, &err, &failed);
+        mixed[0] = repeat_decode(ctx, own_slot, n_mixed, o, &err, &failed);
+        mixed[1] = repeat_decode(ctx, one_slot, n_mixed, o, &err, &failed);
+        mixed[2] = repeat_decode(ctx, base_slot, n_mixed, o, &err, &failed);
         switch_ns = bind_ns(ctx, &e, &err);
         failed |= switch_ns < 0;
     } else {
@@ -947,7 +924,6 @@ static int bench_adapter_modes(const bench_options *o) {
 out:
     lp_context_free(onehot);
     lp_context_free(ctx);
-    free(rows);
     env_free(&e);
     return rc;
 }
