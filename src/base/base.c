@@ -31,14 +31,6 @@ int lp_fail(lp_error *err, const char *fmt, ...) {
     return -1;
 }
 
-int lp_fail_status(lp_error *err, lp_status status, const char *fmt, ...) {
-    va_list ap;
-    va_start(ap, fmt);
-    set_error(err, status, fmt, ap);
-    va_end(ap);
-    return -1;
-}
-
 int lp_error_set(lp_error *err, lp_status status, const char *fmt, ...) {
     va_list ap;
     va_start(ap, fmt);
@@ -107,12 +99,12 @@ void lp_free(void *p) { free(p); }
 int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err) {
     memset(out, 0, sizeof *out);
     int fd = open(path, O_RDONLY | O_CLOEXEC);
-    if (fd < 0) return lp_fail_status(err, LP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (fd < 0) return lp_error_set(err, LP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {
         int e = errno;
         close(fd);
-        return lp_fail_status(err, LP_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
+        return lp_error_set(err, LP_ERR_IO, "%s: cannot stat: %s", path, strerror(e));
     }
     if (!S_ISREG(st.st_mode)) {
         close(fd);
@@ -123,7 +115,7 @@ int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err) {
         if (p == MAP_FAILED) {
             int e = errno;
             close(fd);
-            return lp_fail_status(err, LP_ERR_IO, "%s: cannot map: %s", path, strerror(e));
+            return lp_error_set(err, LP_ERR_IO, "%s: cannot map: %s", path, strerror(e));
         }
         out->data = p;
         out->size = (size_t)st.st_size;
@@ -142,13 +134,13 @@ int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,
                  lp_error *err) {
     *out = NULL;
     FILE *fp = fopen(path, "rb");
-    if (!fp) return lp_fail_status(err, LP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
+    if (!fp) return lp_error_set(err, LP_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     size_t cap = 4096, len = 0;
     char *buf = malloc(cap);
     for (;;) {
         if (!buf) {
             fclose(fp);
-            return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+            return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
         }
         size_t got = fread(buf + len, 1, cap - len - 1, fp);
         len += got;
@@ -169,7 +161,7 @@ int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,
     fclose(fp);
     if (failed) {
         free(buf);
-        return lp_fail_status(err, LP_ERR_IO, "%s: read error", path);
+        return lp_error_set(err, LP_ERR_IO, "%s: read error", path);
     }
     buf[len] = 0;
     *out = buf;

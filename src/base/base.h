@@ -19,9 +19,8 @@
  * `return lp_fail(err, "...")`. */
 int lp_fail(lp_error *err, const char *fmt, ...)
     __attribute__((format(printf, 2, 3)));
-/* The same with another status (out of memory, KV full, I/O, ...). */
-int lp_fail_status(lp_error *err, lp_status status, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
+/* lp_error_set (public) does the same with another status (out of memory,
+ * KV full, I/O, ...). */
 /* A loader's failures that are not I/O or memory are the file's content:
  * turns LP_ERR_INVALID into LP_ERR_FORMAT. */
 void lp_error_as_format(lp_error *err);

@@ -74,7 +74,7 @@ lp_threadpool *lp_threadpool_create(int n_threads, lp_error *err) {
     }
     lp_threadpool *pool = calloc(1, sizeof *pool);
     if (!pool) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory creating thread pool");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory creating thread pool");
         return NULL;
     }
     pool->n_threads = n_threads;
@@ -83,7 +83,7 @@ lp_threadpool *lp_threadpool_create(int n_threads, lp_error *err) {
     pool->threads = calloc((size_t)n_threads, sizeof(pthread_t));
     if (!pool->threads) {
         lp_threadpool_destroy(pool);
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory creating thread pool");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory creating thread pool");
         return NULL;
     }
     for (int i = 1; i < n_threads; i++) {

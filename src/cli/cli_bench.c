@@ -167,7 +167,7 @@ static int engine_generate(lp_context *ctx, const int *slots, int n_seqs, int n_
     t->decode_s = lp_now_seconds() - t1;
     rc = 0;
 done:
-    if (!prompt) lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!prompt) lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     lp_engine_free(e);
     free(prompt);
     return rc;
@@ -434,7 +434,7 @@ static int env_load(bench_env *e, const bench_options *o, lp_error *err) {
     if (!(e->model = lp_model_load(o->model, NULL, err))) return lp_fail_prefix(err, "%s", o->model);
     e->load_ms = (lp_now_seconds() - t0) * 1e3;
     if (!o->adapters) return 0;
-    if (!(e->adapter_list = strdup(o->adapters))) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!(e->adapter_list = strdup(o->adapters))) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     double ms[MAX_BENCH_ADAPTERS];
     for (char *p = e->adapter_list; p && *p;) {
         char *comma = strchr(p, ',');

@@ -70,7 +70,7 @@ static int eval_tokenize(const lp_model *model, const char *text, size_t len, in
     if (len > (size_t)1 << 30) return lp_fail(err, "text too long (%zu bytes)", len);
     int cap = (int)len + 16;
     int32_t *tokens = malloc((size_t)cap * sizeof *tokens);
-    if (!tokens) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!tokens) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     int n = lp_tokenize(model, text, len, false, false, tokens, cap, err);
     if (n < 0 || n > cap) {
         if (n > cap) lp_fail(err, "tokenizer returned more tokens than bytes");
@@ -135,7 +135,7 @@ static int eval_run(const lp_model *model, const lp_model *ref, const int32_t *t
     double *kl = calloc(n_scored, sizeof *kl), *dp = calloc(n_scored, sizeof *dp),
            *top_dp = calloc(n_scored, sizeof *top_dp);
     if (!rows || !kl || !dp || !top_dp) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto out;
     }
     if (!(ctx = eval_context(model, o->adapter, o, err))) goto out;

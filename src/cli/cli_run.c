@@ -227,7 +227,7 @@ static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const
         free(tokens);
         tokens = malloc((size_t)cap * sizeof(int32_t));
         n = tokens ? lp_tokenize(model, text, len, add_bos, o->chat, tokens, cap, err)
-                   : lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+                   : lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         if (n <= cap) break;
         cap = n;
     }

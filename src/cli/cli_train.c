@@ -528,7 +528,7 @@ static int quantize_tensor(lp_gguf_writer *w, const lp_gguf_tensor *t, uint32_t 
     if (!out || !row) {
         free(out);
         free(row);
-        return lp_fail_status(err, LP_ERR_NOMEM, "out of memory for tensor %s", name);
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory for tensor %s", name);
     }
     for (int64_t r = 0; r < rows; r++) {
         if (t->type == LP_F32) {

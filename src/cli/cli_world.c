@@ -187,7 +187,7 @@ static int read_eval(const char *path, int max, eval_record **out, lp_error *err
                 cJSON_Delete(j);
                 free(data);
                 free_records(rs, n);
-                return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+                return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
             }
             rs = grown;
         }
@@ -199,7 +199,7 @@ static int read_eval(const char *path, int max, eval_record **out, lp_error *err
         if (!r->prompt || !r->completion) {
             free(data);
             free_records(rs, n);
-            return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+            return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
         }
     }
     free(data);
@@ -334,7 +334,7 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     outs = calloc((size_t)o->batch, sizeof *outs);
     tokens = calloc((size_t)max_seq_len, sizeof *tokens);
     if (!outs || !tokens) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
     for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
@@ -374,7 +374,7 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
                     for (int k = 0; k < 2; k++) {
                         if (!gs[k]) {
                             free_records(rs, n);
-                            lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+                            lp_error_set(err, LP_ERR_NOMEM, "out of memory");
                             goto done;
                         }
                         eval_score *sc = &gs[k]->score[which];

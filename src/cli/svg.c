@@ -217,7 +217,7 @@ int svg_write(FILE *f, const svg_chart *charts, int n_charts) {
 
 int svg_save(const char *path, const svg_chart *charts, int n_charts, lp_error *err) {
     FILE *f = fopen(path, "w");
-    if (!f) return lp_fail_status(err, LP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
+    if (!f) return lp_error_set(err, LP_ERR_IO, "%s: cannot write: %s", path, strerror(errno));
     int rc = svg_write(f, charts, n_charts);
     if (fclose(f) != 0 && rc == 0) return lp_fail(err, "%s: write failed", path);
     if (rc) return lp_fail(err, "%s: malformed chart (no points or series)", path);

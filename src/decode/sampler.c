@@ -32,7 +32,7 @@ lp_sampler *lp_sampler_create(const lp_model *model, const lp_sampler_params *pa
                               lp_error *err) {
     lp_sampler *s = calloc(1, sizeof *s);
     if (!s) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     s->params = params ? *params : lp_sampler_default_params();
@@ -49,7 +49,7 @@ lp_sampler *lp_sampler_create(const lp_model *model, const lp_sampler_params *pa
     s->order = lp_alloc((size_t)s->n_vocab * sizeof(int32_t));
     if (!s->work || !s->order) {
         lp_sampler_free(s);
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     lp_rng_seed(&s->rng, s->params.seed);

@@ -214,7 +214,7 @@ static int parse_array(reader *r, lp_gguf_kv *kv) {
         lp_str *strs = NULL;
         if (count > 0) {
             strs = calloc((size_t)count, sizeof *strs);
-            if (!strs) return lp_fail_status(r->err, LP_ERR_NOMEM, "out of memory for %llu strings", (unsigned long long)count);
+            if (!strs) return lp_error_set(r->err, LP_ERR_NOMEM, "out of memory for %llu strings", (unsigned long long)count);
         }
         kv->arr_strs = strs; /* owned by the kv from here on (freed on close) */
         kv->arr_len = count;
@@ -248,7 +248,7 @@ static int parse_value(reader *r, lp_gguf_kv *kv) {
 }
 
 static int parse_kvs(lp_gguf *g, reader *r) {
-    if (index_init(&g->kv_index, g->n_kv)) return lp_fail_status(r->err, LP_ERR_NOMEM, "out of memory");
+    if (index_init(&g->kv_index, g->n_kv)) return lp_error_set(r->err, LP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < g->n_kv; i++) {
         lp_gguf_kv *kv = &g->kvs[i];
         if (read_str(r, &kv->key)) return lp_fail_prefix(r->err, "kv #%zu key", i);
@@ -309,7 +309,7 @@ static int parse_tensor_info(reader *r, lp_gguf_tensor *t, uint64_t *offset) {
 }
 
 static int parse_tensors(lp_gguf *g, reader *r, uint64_t *offsets) {
-    if (index_init(&g->tensor_index, g->n_tensors)) return lp_fail_status(r->err, LP_ERR_NOMEM, "out of memory");
+    if (index_init(&g->tensor_index, g->n_tensors)) return lp_error_set(r->err, LP_ERR_NOMEM, "out of memory");
     for (size_t i = 0; i < g->n_tensors; i++) {
         lp_gguf_tensor *t = &g->tensors[i];
         if (parse_tensor_info(r, t, &offsets[i])) {
@@ -384,10 +384,10 @@ static int parse(lp_gguf *g, lp_error *err) {
     g->n_tensors = (size_t)n_tensors;
     g->kvs = calloc(g->n_kv ? g->n_kv : 1, sizeof *g->kvs);
     g->tensors = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *g->tensors);
-    if (!g->kvs || !g->tensors) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!g->kvs || !g->tensors) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     if (parse_kvs(g, &r) || read_alignment(g, err)) return -1;
     uint64_t *offsets = calloc(g->n_tensors ? g->n_tensors : 1, sizeof *offsets);
-    if (!offsets) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!offsets) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     int rc = parse_tensors(g, &r, offsets);
     if (rc == 0) rc = locate_tensor_data(g, r.pos, offsets, err);
     free(offsets);
@@ -421,7 +421,7 @@ static lp_gguf *new_handle(const char *name, lp_error *err) {
     if (g) g->name = strdup(name ? name : "(memory)");
     if (!g || !g->name) {
         free(g);
-        lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", name ? name : "(memory)");
+        lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", name ? name : "(memory)");
         return NULL;
     }
     return g;
@@ -954,7 +954,7 @@ static bool write_zeros(FILE *f, size_t n) {
 }
 
 int lp_gguf_writer_write(lp_gguf_writer *w, const char *path, lp_error *err) {
-    if (!w) return lp_fail_status(err, LP_ERR_NOMEM, "%s: no GGUF writer (out of memory?)", path);
+    if (!w) return lp_error_set(err, LP_ERR_NOMEM, "%s: no GGUF writer (out of memory?)", path);
     if (w->failed) return lp_fail(err, "%s: %s", path, w->error.message);
     size_t align;
     if (writer_alignment(w, &align, path, err)) return -1;
@@ -983,13 +983,13 @@ int lp_gguf_writer_write(lp_gguf_writer *w, const char *path, lp_error *err) {
     }
     if (head.oom) {
         free(head.p);
-        return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+        return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
     }
 
     FILE *f = fopen(path, "wb");
     if (!f) {
         free(head.p);
-        return lp_fail_status(err, LP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        return lp_error_set(err, LP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     }
     bool ok = fwrite(head.p, 1, head.len, f) == head.len;
     ok = ok && write_zeros(f, (align - head.len % align) % align);

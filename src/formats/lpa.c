@@ -241,7 +241,7 @@ int lp_lpa_parse(const void *data, size_t size, const lp_lpa_base *expect, const
     if (!all_zero(p, LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries, data_start))
         return lp_fail(err, "%s: padding before the data is not zero", what);
     out->entries = calloc(out->n_entries ? out->n_entries : 1, sizeof *out->entries);
-    if (!out->entries) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!out->entries) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     if (parse_entries(p, size, data_start, what, out, err)) {
         lp_lpa_release(out);
         return -1;
@@ -294,7 +294,7 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
     if (!es || !head) {
         free(es);
         free(head);
-        return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     }
     if (n) memcpy(es, entries, (size_t)n * sizeof *es);
     qsort(es, n, sizeof *es, cmp_entry);
@@ -345,7 +345,7 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
     if (!f) {
         free(es);
         free(head);
-        return lp_fail_status(err, LP_ERR_IO, "%s: cannot create file", path);
+        return lp_error_set(err, LP_ERR_IO, "%s: cannot create file", path);
     }
     /* data first (after a placeholder header) so its checksum is known */
     bool ok = fwrite(head, 1, data_start, f) == data_start;

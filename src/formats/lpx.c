@@ -178,7 +178,7 @@ static uint64_t order_key(const lp_lpx_tensor *t) { return (uint64_t)t->layer <<
 
 static int check_overlaps(lp_lpx *x, const char *what, lp_error *err) {
     const lp_lpx_tensor **by_pos = malloc((size_t)x->n_tensors * sizeof *by_pos + 1);
-    if (!by_pos) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!by_pos) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     for (uint32_t i = 0; i < x->n_tensors; i++) by_pos[i] = &x->tensors[i];
     qsort(by_pos, x->n_tensors, sizeof *by_pos, cmp_tensor_pos);
     int rc = 0;
@@ -236,7 +236,7 @@ int lp_lpx_parse(const void *data, size_t size, const char *what, lp_lpx *out, l
     out->tok2_bytes = (size_t)tok2_n;
 
     out->tensors = calloc(n, sizeof *out->tensors);
-    if (!out->tensors) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory for %u tensors", n);
+    if (!out->tensors) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for %u tensors", n);
     out->n_tensors = n;
     for (uint32_t i = 0; i < n; i++) {
         lp_lpx_tensor *t = &out->tensors[i];
@@ -321,7 +321,7 @@ int lp_lpx_write(const char *path, const lp_lpx_header *h, const void *tok, size
     const lp_lpx_tensor **order = malloc((size_t)n * sizeof *order);
     uint8_t *table = calloc(n, LP_LPX_ENTRY_BYTES);
     uint64_t *offsets = calloc(n, sizeof *offsets);
-    int rc = order && table && offsets ? 0 : lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    int rc = order && table && offsets ? 0 : lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     FILE *f = NULL;
     if (rc) goto done;
     for (uint32_t i = 0; i < n; i++) order[i] = &tensors[i];
@@ -360,7 +360,7 @@ int lp_lpx_write(const char *path, const lp_lpx_header *h, const void *tok, size
     fill_header(hd, h, pos, n, tok_off, tok_bytes, tok2_off, tok2_bytes, data_offset);
     f = fopen(path, "wb");
     if (!f) {
-        rc = lp_fail_status(err, LP_ERR_IO, "%s: cannot create the file", path);
+        rc = lp_error_set(err, LP_ERR_IO, "%s: cannot create the file", path);
         goto done;
     }
     uint64_t at = data_offset;

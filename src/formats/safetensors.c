@@ -98,7 +98,7 @@ static lp_safetensors *new_handle(const char *name, lp_error *err) {
     if (st) st->name = strdup(name ? name : "(memory)");
     if (!st || !st->name) {
         free(st);
-        lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", name ? name : "(memory)");
+        lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", name ? name : "(memory)");
         return NULL;
     }
     return st;
@@ -109,7 +109,7 @@ static int build_index(lp_safetensors *st, lp_error *err) {
     size_t cap = 16;
     while (cap < 2 * st->n_tensors) cap *= 2;
     st->slots = calloc(cap, sizeof *st->slots);
-    if (!st->slots) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", st->name);
+    if (!st->slots) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", st->name);
     st->n_slots = cap;
     for (size_t i = 0; i < st->n_tensors; i++) {
         const char *name = st->tensors[i].name;
@@ -142,12 +142,12 @@ static int parse_metadata(lp_safetensors *st, const cJSON *meta, lp_error *err) 
             return lp_fail(err, "__metadata__ value '%.200s' is not a string", m->string);
         if (lp_safetensors_metadata(st, m->string)) continue; /* first one wins */
         if (!grow((void **)&st->meta, &st->cap_meta, st->n_meta + 1, sizeof *st->meta))
-            return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+            return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         char *k = strdup(m->string), *v = strdup(m->valuestring);
         if (!k || !v) {
             free(k);
             free(v);
-            return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+            return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         }
         st->meta[st->n_meta++] = k;
         st->meta[st->n_meta++] = v;
@@ -205,15 +205,15 @@ static int parse_json_header(lp_safetensors *st, const cJSON *root, const uint8_
             continue;
         }
         if (!grow((void **)&st->tensors, &st->cap_tensors, st->n_tensors, sizeof *st->tensors))
-            return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+            return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         size_t cap = st->cap_tensors; /* tensor_shard grows alongside */
         size_t *shards = realloc(st->tensor_shard, cap * sizeof *shards);
-        if (!shards) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        if (!shards) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         st->tensor_shard = shards;
         lp_st_tensor t = {0};
         if (parse_entry(e, data, data_size, &t, err))
             return lp_fail_prefix(err, "tensor '%.200s'", e->string);
-        if (!(t.name = strdup(e->string))) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        if (!(t.name = strdup(e->string))) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         st->tensor_shard[st->n_tensors] = shard;
         st->tensors[st->n_tensors++] = t;
     }
@@ -255,7 +255,7 @@ lp_safetensors *lp_safetensors_open_memory(const void *data, size_t size, const 
 /* Maps and parses a file into st as shard number st->n_maps. */
 static int add_file(lp_safetensors *st, const char *path, lp_error *err) {
     lp_mapped_file *maps = realloc(st->maps, (st->n_maps + 1) * sizeof *maps);
-    if (!maps) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+    if (!maps) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
     st->maps = maps;
     if (lp_map_file(path, &st->maps[st->n_maps], err)) return -1;
     size_t shard = st->n_maps++;
@@ -292,7 +292,7 @@ static int open_index(lp_safetensors *st, const char *path, lp_error *err) {
     int rc = 0;
     const char **shards = NULL; /* distinct shard names, in first-seen order */
     size_t n_shards = 0, cap_shards = 0;
-    if (!dir) rc = lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+    if (!dir) rc = lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
     else if (!cJSON_IsObject(map)) rc = lp_fail(err, "%s: no \"weight_map\" object", path);
     for (const cJSON *e = map ? map->child : NULL; rc == 0 && e; e = e->next) {
         if (!cJSON_IsString(e) || !safe_shard_name(e->valuestring)) {
@@ -303,12 +303,12 @@ static int open_index(lp_safetensors *st, const char *path, lp_error *err) {
         while (i < n_shards && strcmp(shards[i], e->valuestring) != 0) i++;
         if (i < n_shards) continue;
         if (!grow((void **)&shards, &cap_shards, n_shards, sizeof *shards)) {
-            rc = lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+            rc = lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
             break;
         }
         shards[n_shards++] = e->valuestring;
         char *shard_path = join_path(dir, e->valuestring);
-        rc = shard_path ? add_file(st, shard_path, err) : lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+        rc = shard_path ? add_file(st, shard_path, err) : lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
         free(shard_path);
     }
     if (rc == 0) rc = build_index(st, err);
@@ -344,7 +344,7 @@ lp_safetensors *lp_safetensors_open(const char *path, lp_error *err) {
     if (stat(path, &sb) == 0 && S_ISDIR(sb.st_mode)) {
         char *single = join_path(path, "model.safetensors");
         char *index = join_path(path, "model.safetensors.index.json");
-        if (!single || !index) rc = lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", path);
+        if (!single || !index) rc = lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", path);
         else if (file_exists(single)) rc = add_file(st, single, err);
         else if (file_exists(index)) rc = open_index(st, index, err);
         else rc = lp_fail(err, "%s: no model.safetensors or model.safetensors.index.json in this directory", path);
@@ -533,10 +533,10 @@ static char *build_header(const lp_st_writer *w) {
 }
 
 int lp_st_writer_write(lp_st_writer *w, const char *path, lp_error *err) {
-    if (!w) return lp_fail_status(err, LP_ERR_NOMEM, "%s: no safetensors writer (out of memory?)", path);
+    if (!w) return lp_error_set(err, LP_ERR_NOMEM, "%s: no safetensors writer (out of memory?)", path);
     if (w->failed) return lp_fail(err, "%s: %s", path, w->error.message);
     char *header = build_header(w);
-    if (!header) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory building the header", path);
+    if (!header) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory building the header", path);
     /* pad the JSON with spaces so the data section starts 8-byte aligned */
     size_t len = strlen(header), padded = (len + 7) / 8 * 8;
     uint8_t size_le[8];
@@ -544,7 +544,7 @@ int lp_st_writer_write(lp_st_writer *w, const char *path, lp_error *err) {
     FILE *f = fopen(path, "wb");
     if (!f) {
         free(header);
-        return lp_fail_status(err, LP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
+        return lp_error_set(err, LP_ERR_IO, "%s: cannot create: %s", path, strerror(errno));
     }
     bool ok = fwrite(size_le, 1, 8, f) == 8 && fwrite(header, 1, len, f) == len;
     for (size_t i = len; ok && i < padded; i++) ok = fputc(' ', f) != EOF;

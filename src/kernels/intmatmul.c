@@ -55,7 +55,7 @@ int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_err
     bytes += pairs;
     if (bytes <= k->scratch_bytes) return 0;
     void *p = lp_alloc(bytes);
-    if (!p) return lp_fail_status(err, LP_ERR_NOMEM, "kernels: out of memory for %zu bytes of activation scratch", bytes);
+    if (!p) return lp_error_set(err, LP_ERR_NOMEM, "kernels: out of memory for %zu bytes of activation scratch", bytes);
     lp_free(k->scratch);
     k->scratch = p;
     k->scratch_bytes = bytes;

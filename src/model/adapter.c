@@ -133,7 +133,7 @@ static lp_adapter *adapter_new(const lp_model *model, int n_layers, lp_error *er
     if (a) a->pairs = calloc((size_t)(n_layers > 0 ? n_layers : 1) * LP_PROJ_COUNT, sizeof *a->pairs);
     if (!a || !a->pairs) {
         free(a);
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     a->base = model;
@@ -199,7 +199,7 @@ static int push_piece(piece_list *l, const piece *p, lp_error *err) {
     if (l->n == l->cap) {
         size_t cap = l->cap ? l->cap * 2 : 64;
         piece *grown = realloc(l->items, cap * sizeof *grown);
-        if (!grown) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        if (!grown) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         l->items = grown;
         l->cap = cap;
     }
@@ -257,7 +257,7 @@ static int convert(lp_adapter *a, const src_tensor *t, int permute_dir, int head
     if (!lp_mul_ok((size_t)t->cols, esz, &row_bytes) || !lp_mul_ok(row_bytes, (size_t)t->rows, &bytes))
         return lp_fail(err, "%s: tensor '%s' is too large", what, t->name);
     uint8_t *dst = adapter_own(a, bytes ? bytes : 1);
-    if (!dst) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory for tensor '%s'", what, t->name);
+    if (!dst) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for tensor '%s'", what, t->name);
     const uint8_t *src = t->data;
     for (uint64_t r = 0; r < t->rows; r++) {
         uint64_t sr = permute_dir ? source_row(r, head_dim, permute_dir) : r;
@@ -320,7 +320,7 @@ static int fold_norm_gains(lp_adapter *a, const char *what, lp_error *err) {
             if (!gain || pair->rank == 0) continue;
             int64_t rows = pair->A.rows, cols = pair->A.cols;
             float *A = adapter_own(a, (size_t)rows * (size_t)cols * sizeof(float));
-            if (!A) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory folding norm gains", what);
+            if (!A) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory folding norm gains", what);
             for (int64_t r = 0; r < rows; r++) {
                 lp_dequantize_row(pair->A.type, (const uint8_t *)pair->A.data + (size_t)r * pair->A.row_bytes,
                                   A + r * cols, cols);
@@ -340,7 +340,7 @@ static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *ru
     const lp_model *m = a->base;
     size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
     const piece **halves = calloc(n_slots * 2, sizeof *halves);
-    if (!halves) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!halves) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     int rc = 0;
     for (size_t i = 0; i < pl->n && rc == 0; i++) {
         const piece *p = &pl->items[i];
@@ -882,7 +882,7 @@ static int check_lpa_data(const lp_lpa_entry *e, const char *what, lp_error *err
     for (int h = 0; h < 2; h++) {
         lp_weight w = lpa_half(e, h == 1);
         float *row = lp_alloc((size_t)w.cols * sizeof(float));
-        if (!row) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        if (!row) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         bool finite = true;
         for (int64_t r = 0; r < w.rows && finite; r++) {
             lp_weight_dequantize_row(&w, r, row);
@@ -967,7 +967,7 @@ static lp_adapter *load_any(const lp_model *m, const char *path, float scale, lp
     size_t got = f ? fread(magic, 1, 4, f) : 0;
     if (f) fclose(f);
     if (!f) {
-        lp_fail_status(err, LP_ERR_IO, "%s: cannot open", path);
+        lp_error_set(err, LP_ERR_IO, "%s: cannot open", path);
         return NULL;
     }
     if (got == 4 && !memcmp(magic, "GGUF", 4)) return load_gguf(m, path, scale, err);

@@ -117,7 +117,7 @@ static int kv_init(lp_context *ctx, lp_error *err) {
     kv->v = plan_alloc_uninit(total, kv->elem_bytes, &ok);
     kv->refcount = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
     kv->free_list = plan_alloc((size_t)kv->n_blocks, sizeof(int), &ok);
-    if (!ok) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);
+    if (!ok) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a KV cache of %d tokens", ctx->params.n_ctx);
     for (int b = 0; b < kv->n_blocks; b++) kv->free_list[b] = kv->n_blocks - 1 - b;
     kv->n_free = kv->n_blocks;
 
@@ -129,14 +129,14 @@ static int kv_init(lp_context *ctx, lp_error *err) {
         seq->tokens = plan_alloc((size_t)ctx->params.max_seq_len, sizeof(int32_t), &ok);
         seq->tags = plan_alloc((size_t)ctx->params.max_seq_len, sizeof(uint64_t), &ok);
     }
-    return ok ? 0 : lp_fail_status(err, LP_ERR_NOMEM, "out of memory for sequence tables");
+    return ok ? 0 : lp_error_set(err, LP_ERR_NOMEM, "out of memory for sequence tables");
 }
 
 lp_context *lp_context_create(const lp_model *m, const lp_context_params *params,
                               lp_error *err) {
     lp_context *ctx = calloc(1, sizeof *ctx);
     if (!ctx) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     ctx->model = m;
@@ -217,7 +217,7 @@ lp_context *lp_context_create(const lp_model *m, const lp_context_params *params
     ctx->lora_y = plan_alloc(ctx->lora_y_cap, sizeof(float), &ok);
     ctx->lora_batch = plan_alloc(1, sizeof(lora_batch), &ok);
     if (!ok) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory planning buffers for %zu rows", rows);
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory planning buffers for %zu rows", rows);
         goto fail;
     }
     return ctx;
@@ -296,12 +296,12 @@ static int validate_batch(lp_context *ctx, const lp_row *rows, int n, lp_error *
         int c = ctx->commit_count[s];
         if (c == 0) continue;
         if (ctx->seqs[s].length + c > p->max_seq_len)
-            return lp_fail_status(err, LP_ERR_KV_FULL, "sequence %d would grow to %d tokens (limit %d)", s,
+            return lp_error_set(err, LP_ERR_KV_FULL, "sequence %d would grow to %d tokens (limit %d)", s,
                                   ctx->seqs[s].length + c, p->max_seq_len);
         blocks += lp_kv_blocks_needed(ctx, s, c);
     }
     if (blocks > ctx->kv.n_free)
-        return lp_fail_status(err, LP_ERR_KV_FULL, "KV cache full: %d blocks needed, %d free", blocks,
+        return lp_error_set(err, LP_ERR_KV_FULL, "KV cache full: %d blocks needed, %d free", blocks,
                               ctx->kv.n_free);
     return 0;
 }
@@ -864,7 +864,7 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
             for (int r = n_rows - 1; r >= 0; r--)
                 if (rows[r].commit) lp_kv_unreserve_row(ctx, r);
             ctx->n_rows = 0; /* no logits, nothing to commit */
-            return lp_fail_status(err, LP_ERR_CANCELLED, "forward abandoned by the abort hook before layer %d", l);
+            return lp_error_set(err, LP_ERR_CANCELLED, "forward abandoned by the abort hook before layer %d", l);
         }
         layer_forward(ctx, l);
     }
@@ -913,11 +913,11 @@ int lp_commit_rows(lp_context *ctx, const int *rows, int n, lp_error *err) {
     for (int s = 0; rc == 0 && s < ctx->params.max_sequences; s++) {
         int c = ctx->commit_count[s];
         if (c && ctx->seqs[s].length + c > ctx->params.max_seq_len)
-            rc = lp_fail_status(err, LP_ERR_KV_FULL, "sequence %d would exceed %d tokens", s, ctx->params.max_seq_len);
+            rc = lp_error_set(err, LP_ERR_KV_FULL, "sequence %d would exceed %d tokens", s, ctx->params.max_seq_len);
         blocks += lp_kv_blocks_needed(ctx, s, c);
     }
     if (rc == 0 && blocks > ctx->kv.n_free)
-        rc = lp_fail_status(err, LP_ERR_KV_FULL, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
+        rc = lp_error_set(err, LP_ERR_KV_FULL, "KV cache full: %d blocks needed, %d free", blocks, ctx->kv.n_free);
     if (rc != 0) {
         for (int i = 0; i < marked; i++) ctx->rows[rows[i]].commit = false;
         return rc;

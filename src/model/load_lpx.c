@@ -230,7 +230,7 @@ int lp_model_load_lpx_image(lp_model *m, const void *data, size_t size, const ch
         ix.slot = calloc(n_slots, sizeof *ix.slot);
         ix.used = calloc(n_slots, sizeof *ix.used);
         m->layers = calloc(x.h.n_layers, sizeof *m->layers);
-        if (!ix.slot || !ix.used || !m->layers) rc = lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        if (!ix.slot || !ix.used || !m->layers) rc = lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     }
     for (uint32_t i = 0; rc == 0 && i < x.n_tensors; i++) {
         const lp_lpx_tensor *t = &x.tensors[i];
@@ -280,7 +280,7 @@ int lp_model_load_lpx(lp_model *m, const char *path, lp_error *err) {
 lp_model *lp_model_load_lpx_memory(const void *data, size_t size, const char *what, lp_error *err) {
     lp_model *m = calloc(1, sizeof *m);
     if (!m) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     snprintf(m->path, sizeof m->path, "%s", what);

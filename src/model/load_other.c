@@ -72,7 +72,7 @@ static int llama3_freq_factors(lp_model *m, const cJSON *scaling, const float **
         return lp_fail(err, "%s: rope_scaling values are invalid", path);
     int half = m->hp.head_dim / 2;
     float *ff = lp_model_own(m, (size_t)(half + 1) * sizeof(float));
-    if (!ff) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!ff) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     for (int i = 0; i < half; i++) {
         double freq = pow(m->hp.rope_theta, -2.0 * i / m->hp.head_dim);
         double wavelen = 2.0 * M_PI / freq;
@@ -111,7 +111,7 @@ static int hf_weight(lp_model *m, const char *name, int64_t rows, int64_t cols,
     size_t elem = lp_st_dtype_size(t->dtype);
     if ((uintptr_t)data % elem != 0) { /* misaligned in the file: copy once */
         void *copy = lp_model_own(m, t->n_bytes);
-        if (!copy) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        if (!copy) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         memcpy(copy, data, t->n_bytes);
         data = copy;
     }
@@ -135,7 +135,7 @@ static int hf_vector(lp_model *m, const char *name, int64_t n, bool required,
         return lp_fail(err, "%s: tensor '%s' has %llu elements, expected %lld", m->path,
                        name, (unsigned long long)t->n_elements, (long long)n);
     float *buf = lp_model_own(m, (size_t)n * sizeof(float));
-    if (!buf) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!buf) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     if (lp_st_to_f32(t, buf, err)) return lp_fail_prefix(err, "%s", m->path);
     *out = buf;
     return 0;
@@ -198,7 +198,7 @@ int lp_model_load_hf(lp_model *m, const char *dir, lp_error *err) {
     lp_hparams *hp = &m->hp;
     m->rope_inv_freq = lp_model_own(m, (size_t)(hp->head_dim / 2 + 1) * sizeof(float));
     const float *ff = NULL;
-    int rc = m->rope_inv_freq ? 0 : lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    int rc = m->rope_inv_freq ? 0 : lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     if (rc == 0) {
         char path[1200];
         snprintf(path, sizeof path, "%s/config.json", dir);
@@ -227,7 +227,7 @@ int lp_model_load_hf(lp_model *m, const char *dir, lp_error *err) {
     if (!m->output.data) m->tied_output = true;
     if (m->tied_output) m->output = m->tok_embd;
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
-    if (!m->layers) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!m->layers) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     bool qwen2 = hp->arch == LP_ARCH_QWEN2, qwen3 = hp->arch == LP_ARCH_QWEN3;
     for (int l = 0; l < hp->n_layers; l++) {
         lp_layer *L = &m->layers[l];
@@ -307,7 +307,7 @@ int lp_model_load_llama2c(lp_model *m, const char *path, const char *tokenizer_p
     if (!m->tok) return -1;
 
     m->rope_inv_freq = lp_model_own(m, (size_t)(hp->head_dim / 2 + 1) * sizeof(float));
-    if (!m->rope_inv_freq) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!m->rope_inv_freq) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     rope_table(m, NULL);
 
     int64_t dim = c->dim, kv_dim = (int64_t)c->n_kv_heads * hp->head_dim, hid = c->hidden_dim;
@@ -316,7 +316,7 @@ int lp_model_load_llama2c(lp_model *m, const char *path, const char *tokenizer_p
     m->output = m->tied_output ? m->tok_embd : f32_matrix(c->wcls, c->vocab_size, dim);
     m->output_norm = c->rms_final;
     m->layers = calloc((size_t)c->n_layers, sizeof *m->layers);
-    if (!m->layers) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!m->layers) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     for (int64_t l = 0; l < c->n_layers; l++) {
         lp_layer *L = &m->layers[l];
         L->wq = f32_matrix(c->wq + l * dim * dim, dim, dim);

@@ -57,7 +57,7 @@ lp_model *lp_model_load(const char *path, const lp_model_params *params,
                         lp_error *err) {
     lp_model *m = calloc(1, sizeof *m);
     if (!m) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     snprintf(m->path, sizeof m->path, "%s", path);
@@ -119,7 +119,7 @@ static int gguf_vector(lp_model *m, const char *name, int64_t n, bool required,
         return lp_fail(err, "%s: tensor '%s' has type %s; vectors must be F32/F16/BF16",
                        m->path, name, lp_dtype_name(t->type));
     float *buf = lp_model_own(m, (size_t)n * sizeof(float));
-    if (!buf) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!buf) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     lp_dequantize_row(t->type, t->data, buf, n);
     *out = buf;
     return 0;
@@ -181,7 +181,7 @@ static int convert_for_int_kernels(lp_model *m, const char *name, lp_weight *w, 
     convert_task t = {.src = w, .packed = packed, .requantize = !lossless,
                       .panel_bytes = lp_pack_bytes(packed, 16, w->cols, 32)};
     atomic_init(&t.failed, 0);
-    if (!(t.dst = lp_model_own(m, bytes))) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory converting '%s'", m->path, name);
+    if (!(t.dst = lp_model_own(m, bytes))) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory converting '%s'", m->path, name);
     lp_threadpool_run(m->load_pool, convert_worker, &t);
     if (atomic_load(&t.failed))
         return lp_fail(err, "%s: cannot %s '%s' (%s)", m->path, lossless ? "repack" : "requantize", name,
@@ -302,7 +302,7 @@ int lp_model_load_gguf(lp_model *m, const char *path, lp_error *err) {
     const float *freq_factors;
     if (gguf_vector(m, "rope_freqs.weight", hp->head_dim / 2, false, &freq_factors, err)) return -1;
     m->rope_inv_freq = lp_model_own(m, (size_t)(hp->head_dim / 2 + 1) * sizeof(float));
-    if (!m->rope_inv_freq) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!m->rope_inv_freq) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     m->has_freq_factors = freq_factors != NULL;
     for (int i = 0; i < hp->head_dim / 2; i++) {
         m->rope_inv_freq[i] = powf(hp->rope_theta, -2.0f * (float)i / (float)hp->head_dim);
@@ -312,7 +312,7 @@ int lp_model_load_gguf(lp_model *m, const char *path, lp_error *err) {
     if (hp->n_layers <= 0 || hp->n_layers > 4096)
         return lp_fail(err, "%s: block_count %d is out of range", path, hp->n_layers);
     m->layers = calloc((size_t)hp->n_layers, sizeof *m->layers);
-    if (!m->layers) return lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+    if (!m->layers) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     for (int l = 0; l < hp->n_layers; l++) {
         lp_layer *L = &m->layers[l];
         char n[96];
@@ -449,7 +449,7 @@ char *lp_chat_apply(const lp_model *m, const lp_message *msgs, int n,
     /* lp_message and lp_chat_message have the same layout by design. */
     lp_chat_message *cm = calloc((size_t)(n > 0 ? n : 1), sizeof *cm);
     if (!cm) {
-        lp_fail_status(err, LP_ERR_NOMEM, "out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
     for (int i = 0; i < n; i++) {

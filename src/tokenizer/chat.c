@@ -175,7 +175,7 @@ char *lp_chat_render(lp_chat_format f, const lp_chat_message *msgs, int n,
     }
     if (b.oom) {
         free(b.s);
-        lp_fail_status(err, LP_ERR_NOMEM, "chat: out of memory");
+        lp_error_set(err, LP_ERR_NOMEM, "chat: out of memory");
         return NULL;
     }
     return b.s;

@@ -62,7 +62,7 @@ int tok_compile_regex(lp_tokenizer *t, lp_error *err) {
                         : t->pretok == LP_PRETOK_QWEN2  ? tok_pattern_qwen2
                                                         : tok_pattern_gpt2;
     char *dialect = pcre2_dialect(pattern);
-    if (!dialect) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
+    if (!dialect) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
     int code;
     PCRE2_SIZE at;
     /* MATCH_INVALID_UTF: invalid UTF-8 never matches, so those bytes fall
@@ -393,7 +393,7 @@ int lp_tokenizer_encode(const lp_tokenizer *t, const char *text, size_t len,
     free(e.heap);
     free(e.buf);
     if (e.md) pcre2_match_data_free(e.md);
-    if (e.oom) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory while encoding", t->name);
+    if (e.oom) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory while encoding", t->name);
     if (e.n_out > (size_t)INT32_MAX)
         return lp_fail(err, "%s: too many tokens", t->name);
     return (int)e.n_out;

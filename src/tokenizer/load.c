@@ -150,7 +150,7 @@ lp_tokenizer *lp_tokenizer_from_gguf(const lp_gguf *g, lp_error *err) {
     rc = lp_gguf_get_str(g, "tokenizer.chat_template", &tmpl, err);
     if (rc < 0) goto fail;
     if (rc == 1 && !(t->chat_template = copy_str(tmpl.ptr, tmpl.len))) {
-        lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", name);
+        lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", name);
         goto fail;
     }
     if (tok_finish(t, err) != 0) goto fail;
@@ -248,7 +248,7 @@ lp_tokenizer *lp_tokenizer_from_llama2c_memory(const void *data, size_t size,
             buf_cap = (size_t)len * 3 + 16;
             char *nb = realloc(buf, buf_cap);
             if (!nb) {
-                lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", name);
+                lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", name);
                 goto fail;
             }
             buf = nb;
@@ -482,7 +482,7 @@ static int hf_apply_config(lp_tokenizer *t, const cJSON *cfg, lp_error *err) {
         }
     }
     if (text && !(t->chat_template = copy_str(text, strlen(text))))
-        return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
+        return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
     return 0;
 }
 

@@ -63,7 +63,7 @@ lp_tokenizer *tok_new(int32_t n_vocab, const char *name, lp_error *err) {
     return t;
 oom:
     lp_tokenizer_free(t);
-    lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory for a vocabulary of %d tokens", name, (int)n_vocab);
+    lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for a vocabulary of %d tokens", name, (int)n_vocab);
     return NULL;
 }
 
@@ -83,7 +83,7 @@ int tok_set_token(lp_tokenizer *t, int32_t id, const char *text, size_t len,
                 return lp_fail(err, "%s: vocabulary too large", t->name);
         }
         char *a = realloc(t->arena, cap);
-        if (!a) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
+        if (!a) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
         t->arena = a;
         t->arena_cap = cap;
     }
@@ -101,7 +101,7 @@ int tok_build_vocab_index(lp_tokenizer *t, lp_error *err) {
     size_t cap = table_size_for((size_t)t->n_vocab);
     free(t->vocab_slots);
     t->vocab_slots = calloc(cap, sizeof *t->vocab_slots);
-    if (!t->vocab_slots) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
+    if (!t->vocab_slots) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
     t->vocab_mask = cap - 1;
     for (int32_t id = 0; id < t->n_vocab; id++) {
         size_t len = t->text_len[id];
@@ -142,7 +142,7 @@ int tok_reserve_merges(lp_tokenizer *t, size_t n, lp_error *err) {
         return lp_fail(err, "%s: too many merges", t->name);
     free(t->merge_slots);
     t->merge_slots = calloc(cap, sizeof *t->merge_slots);
-    if (!t->merge_slots) return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory for merges", t->name);
+    if (!t->merge_slots) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for merges", t->name);
     t->merge_mask = cap - 1;
     t->n_merges = 0;
     return 0;
@@ -322,7 +322,7 @@ int tok_finish(lp_tokenizer *t, lp_error *err) {
     uint64_t *order = malloc(sizeof(uint64_t) * (size_t)(n ? n : 1));
     if (!t->specials || !order) {
         free(order);
-        return lp_fail_status(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
+        return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", t->name);
     }
     t->n_specials = 0;
     for (int32_t id = 0; id < t->n_vocab; id++) {
