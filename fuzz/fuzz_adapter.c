@@ -1,15 +1,16 @@
 /* Fuzzes the .lpa reader (against a fake base with stories260K's shape and
  * no weights: validation needs only shapes and the fingerprint) and the PEFT
- * adapter_config.json parser. The .lpa input is tried as is and with its
+ * adapter_config.json parser. Seeds: a version 1 and a version 2 file. The .lpa input is tried as is and with its
  * fingerprint and checksums repaired, so mutations reach the entry table. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "arch/llama.h"
 #include "formats/lpa.h"
 #include "model/adapter.h"
 
-static void fake_base(lp_model *m, lp_layer *layers) {
+static void fake_base(lp_model *m, lp_layer *layers, lp_model_weight *weights) {
     memset(m, 0, sizeof *m);
     m->hp = (lp_hparams){.arch = LP_ARCH_LLAMA, .n_vocab = 512, .dim = 64, .n_layers = 2,
                          .n_heads = 8, .n_kv_heads = 4, .head_dim = 8, .ffn_dim = 172};
@@ -24,7 +25,18 @@ static void fake_base(lp_model *m, lp_layer *layers) {
         L->w_gate = (lp_weight){.type = 0, .rows = 172, .cols = 64, .row_bytes = 256};
         L->w_up = L->w_gate;
         L->w_down = (lp_weight){.type = 0, .rows = 64, .cols = 172, .row_bytes = 688};
+        const lp_weight *ws[LP_PROJ_COUNT] = {&L->wq, &L->wk, &L->wv, &L->wo, &L->w_gate, &L->w_up, &L->w_down};
+        for (int p = 0; p < LP_PROJ_COUNT; p++) {
+            lp_model_weight *w = &weights[lp_llama_weight_id(l, (lp_proj)p)];
+            memset(w, 0, sizeof *w);
+            lp_llama_weight_name(l, (lp_proj)p, w->name, sizeof w->name);
+            lp_llama_module_name(l, (lp_proj)p, w->hf_name, sizeof w->hf_name);
+            w->w = ws[p];
+            w->rope_rows = p <= LP_PROJ_K;
+        }
     }
+    m->weights = weights;
+    m->n_weights = 2 * LP_PROJ_COUNT;
 }
 
 static void put_u64(uint8_t *p, uint64_t v) {
@@ -42,8 +54,7 @@ static void try_lpa(const lp_model *m, const uint8_t *buf, size_t size) {
     lp_adapter *a = lp_adapter_load_lpa_memory(m, buf, size, "fuzz.lpa", 1.0f, &err);
     if (a) {
         volatile float sink = 0;
-        for (int i = 0; i < a->n_layers * LP_PROJ_COUNT; i++)
-            if (a->pairs[i].rank) sink += ((const uint8_t *)a->pairs[i].B.data)[0];
+        for (int i = 0; i < a->n_pairs; i++) sink += ((const uint8_t *)a->pairs[i].B.data)[0];
         (void)sink;
     }
     lp_adapter_free(a);
@@ -52,7 +63,8 @@ static void try_lpa(const lp_model *m, const uint8_t *buf, size_t size) {
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lp_model m;
     lp_layer layers[2];
-    fake_base(&m, layers);
+    lp_model_weight weights[2 * LP_PROJ_COUNT];
+    fake_base(&m, layers, weights);
     if (size > (1u << 20)) return 0;
 
     uint8_t *buf = lp_alloc(size ? size : 1);

@@ -11,6 +11,15 @@
 #include "formats/lpa.h"
 #include "model/adapter.h"
 #include "tools/adapter_write.h"
+#include "arch/llama.h"
+
+/* The pair of layer l's projection p, or an empty one (rank 0). */
+static const lp_lora_pair *pair_of(const lp_adapter *a, int l, lp_proj p) {
+    static const lp_lora_pair none = {.weight = -1};
+    const lp_lora_pair *x = lp_llama_pair(a, l, p);
+    return x ? x : &none;
+}
+
 
 #define MODELS LP_SHARED_MODELS
 static const char *const base_path = MODELS "/stories260K.gguf";
@@ -39,15 +48,15 @@ static void test_gguf_lora(const lp_model *base) {
     if (!a) return;
     CHECK(!strcmp(a->format, "gguf"));
     CHECK(!strcmp(lp_adapter_name(a), "random-lora-r4"));
-    CHECK(a->n_layers == 5 && a->max_rank == 4);
+    CHECK(a->n_pairs == 35 && a->max_rank == 4);
     int n_pairs = 0;
     for (int l = 0; l < 5; l++)
         for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
+            const lp_lora_pair *pr = pair_of(a, l, (lp_proj)p);
             n_pairs += pr->rank == 4 && pr->scale == 1.0f && pr->A.rows == 4 && pr->B.cols == 4;
         }
     CHECK(n_pairs == 35);
-    const lp_lora_pair *k0 = lp_adapter_pair(a, 0, LP_PROJ_K);
+    const lp_lora_pair *k0 = pair_of(a, 0, LP_PROJ_K);
     CHECK(k0->A.cols == 64 && k0->B.rows == 32 && k0->A.type == LP_F32);
     /* GGUF LoRA on a GGUF llama base: no permutation, data as in the file */
     lp_gguf *g = lp_gguf_open(lora_path, &err);
@@ -61,7 +70,7 @@ static void test_gguf_lora(const lp_model *base) {
     CHECK(lp_adapter_bytes(a) == expect_bytes);
 
     lp_adapter *half = lp_adapter_load(base, lora_path, 0.5f, &err);
-    CHECK(half && lp_adapter_pair(half, 3, LP_PROJ_DOWN)->scale == 0.5f);
+    CHECK(half && pair_of(half, 3, LP_PROJ_DOWN)->scale == 0.5f);
     lp_adapter_free(half);
 
     /* (b) merge vs llama.cpp's merge */
@@ -125,7 +134,7 @@ static void test_gguf_lora(const lp_model *base) {
     lp_model *l3 = lp_model_load(MODELS "/arch/llama3-tiny-random.gguf", NULL, &err);
     if (l3) {
         CHECK(lp_adapter_load(l3, lora_path, 1.0f, &err) == NULL);
-        CHECK_MSG(contains(&err, "lora_a' is for layer 2, but the base has 2 layers"),
+        CHECK_MSG(contains(&err, "lora_a' is for 'blk.2.attn_q.weight', which is not an adaptable weight"),
                   "%s", err.message);
         lp_model_free(l3);
     }
@@ -287,7 +296,7 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
     const int d_head = 8;
     for (int l = 0; l < 5; l++)
         for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
+            const lp_lora_pair *pr = pair_of(a, l, (lp_proj)p);
             int r = d->rank[l][p];
             ranks_ok &= pr->rank == r;
             float want_scale = (p == LP_PROJ_V ? 16.0f : 8.0f) / (float)r;
@@ -314,7 +323,7 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
     CHECK(a_ok);
     CHECK(b_ok);
     /* explicitly: q row 1 of head 0 is HF row 4 (d/2 + 0) */
-    const lp_lora_pair *q0 = lp_adapter_pair(a, 0, LP_PROJ_Q);
+    const lp_lora_pair *q0 = pair_of(a, 0, LP_PROJ_Q);
     CHECK(elem(&q0->B, 1, 0) == d->B[0][0][4 * 4] && elem(&q0->B, 2, 3) == d->B[0][0][1 * 4 + 3]);
 
     /* (d) .lpa round trip */
@@ -341,15 +350,18 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
     /* --scale and dtype conversion */
     CHECK(lp_adapter_write_lpa(a, lpa, LP_F32, &err) == 0);
     b = lp_adapter_load(base, lpa, 2.0f, &err);
-    CHECK(b && lp_adapter_pair(b, 0, LP_PROJ_UP)->A.type == LP_F32 &&
-          lp_adapter_pair(b, 4, LP_PROJ_Q)->scale == 4.0f);
+    CHECK(b && pair_of(b, 0, LP_PROJ_UP)->A.type == LP_F32 &&
+          pair_of(b, 4, LP_PROJ_Q)->scale == 4.0f);
     lp_adapter_free(b);
     /* inspect without a base */
     b = lp_adapter_inspect(lpa, &err);
-    CHECK(b && b->base == NULL && b->n_layers == 5 && b->max_rank == 8);
+    CHECK(b && b->base == NULL && b->n_pairs == 35 && b->max_rank == 8);
     lp_adapter_free(b);
     b = lp_adapter_inspect(dir, &err);
-    CHECK_MSG(b && b->n_layers == 5 && lp_adapter_pair(b, 1, LP_PROJ_K)->rank == 8, "%s", err.message);
+    bool k1 = false; /* without a base, pairs are found by name */
+    for (int i = 0; b && i < b->n_pairs; i++)
+        k1 |= !strcmp(b->pairs[i].name, "model.layers.1.self_attn.k_proj") && b->pairs[i].rank == 8;
+    CHECK_MSG(b && b->n_pairs == 35 && k1, "%s", err.message);
     lp_adapter_free(b);
 
     /* .lpa on other bases: another shape, and the same shape with other weights */
@@ -402,8 +414,8 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
     a = lp_adapter_load(base, dir, 1.0f, &err);
     CHECK_MSG(a != NULL, "%s", err.message);
     if (a) {
-        CHECK_NEAR(lp_adapter_pair(a, 0, LP_PROJ_Q)->scale, 4.0, 1e-6);
-        CHECK_NEAR(lp_adapter_pair(a, 0, LP_PROJ_K)->scale, 8.0 / sqrt(8.0), 1e-6);
+        CHECK_NEAR(pair_of(a, 0, LP_PROJ_Q)->scale, 4.0, 1e-6);
+        CHECK_NEAR(pair_of(a, 0, LP_PROJ_K)->scale, 8.0 / sqrt(8.0), 1e-6);
         lp_adapter_free(a);
     }
 
@@ -430,14 +442,14 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
                   "'base_model.model.model.layers.0.self_attn.q_proj.lora_A.weight' has shape "
                   "[4, 63], expected [4, 64]");
     r = (peft_opts){.drop_b_l1_v = true};
-    expect_reject(base, dir, d, &r, "layer 1 v has 'base_model.model.model.layers.1.self_attn."
+    expect_reject(base, dir, d, &r, "model.layers.1.self_attn.v_proj has 'base_model.model.model.layers.1.self_attn."
                                     "v_proj.lora_A.weight' but no matching lora_B");
     r = (peft_opts){.nan_l2_o = true};
     expect_reject(base, dir, d, &r, "layers.2.self_attn.o_proj.lora_B.weight' has a non-finite");
     r = (peft_opts){.int_dtype = true};
     expect_reject(base, dir, d, &r, "dtype I32");
     r = (peft_opts){.extra_layer = true};
-    expect_reject(base, dir, d, &r, "is for layer 7, but the base has 5 layers");
+    expect_reject(base, dir, d, &r, "is for 'model.layers.7.self_attn.q_proj', which is not an adaptable weight");
 }
 
 /* ---- (d) corruption of a small .lpa ------------------------------------------------ */
@@ -454,8 +466,10 @@ static void test_lpa_corruption(const lp_model *base, const char *dir) {
     for (int i = 0; i < 64; i++) qa[i] = qb[i] = db[i] = (float)i / 64.0f;
     for (int i = 0; i < 172; i++) da[i] = (float)i / 172.0f;
     lp_lpa_entry es[2] = {
-        {.layer = 4, .proj = 6, .rank = 1, .dtype = LP_F32, .scale = 0.5f, .a = da, .b = db},
-        {.layer = 0, .proj = 0, .rank = 1, .dtype = LP_F32, .scale = 2.0f, .a = qa, .b = qb},
+        {.tensor = "blk.4.ffn_down.weight", .in = 172, .out = 64, .rank = 1, .dtype = LP_F32, .scale = 0.5f,
+         .a = da, .b = db},
+        {.tensor = "blk.0.attn_q.weight", .in = 64, .out = 64, .rank = 1, .dtype = LP_F32, .scale = 2.0f,
+         .a = qa, .b = qb},
     };
     char path[600];
     snprintf(path, sizeof path, "%s/small.lpa", dir);
@@ -471,9 +485,9 @@ static void test_lpa_corruption(const lp_model *base, const char *dir) {
     lp_adapter *a = lp_adapter_load_lpa_memory(base, buf, size, "small.lpa", 1.0f, &err);
     CHECK_MSG(a != NULL, "%s", err.message);
     if (a) {
-        CHECK(lp_adapter_pair(a, 0, LP_PROJ_Q)->rank == 1 && lp_adapter_pair(a, 0, LP_PROJ_Q)->scale == 2.0f);
-        CHECK(lp_adapter_pair(a, 4, LP_PROJ_DOWN)->A.cols == 172);
-        CHECK(lp_adapter_pair(a, 1, LP_PROJ_Q)->rank == 0);
+        CHECK(pair_of(a, 0, LP_PROJ_Q)->rank == 1 && pair_of(a, 0, LP_PROJ_Q)->scale == 2.0f);
+        CHECK(pair_of(a, 4, LP_PROJ_DOWN)->A.cols == 172);
+        CHECK(pair_of(a, 1, LP_PROJ_Q)->rank == 0);
         lp_adapter_free(a);
     }
     int accepted = 0;
@@ -495,6 +509,40 @@ static void test_lpa_corruption(const lp_model *base, const char *dir) {
     lp_free(buf);
 }
 
+/* ---- (e) .lpa version 1 is still read, as version 2 names it ----------------------- */
+
+static void test_lpa_v1(void) {
+    const char *v1 = LP_SOURCE_DIR "/fuzz/seeds/fuzz_adapter/packed.lpa";
+    const char *v2 = LP_SOURCE_DIR "/fuzz/seeds/fuzz_adapter/packed-v2.lpa";
+    lp_error err = {0};
+    lp_adapter *a = lp_adapter_inspect(v1, &err);
+    CHECK_MSG(a != NULL, "%s", err.message);
+    lp_adapter *b = lp_adapter_inspect(v2, &err);
+    CHECK_MSG(b != NULL, "%s", err.message);
+    if (!a || !b) {
+        lp_adapter_free(a);
+        lp_adapter_free(b);
+        return;
+    }
+    /* v1 lists (layer, projection) order, v2 name order: match by name */
+    CHECK(a->n_pairs == 3 && b->n_pairs == 3);
+    int same = 0;
+    for (int i = 0; i < a->n_pairs; i++)
+        for (int j = 0; j < b->n_pairs; j++) {
+            const lp_lora_pair *x = &a->pairs[i], *y = &b->pairs[j];
+            if (strcmp(x->name, y->name)) continue;
+            same += x->rank == y->rank && x->scale == y->scale && x->A.type == y->A.type &&
+                    x->A.rows == y->A.rows && x->A.cols == y->A.cols && x->B.rows == y->B.rows &&
+                    x->B.cols == y->B.cols;
+        }
+    CHECK_MSG(same == 3, "%d of 3 pairs match", same);
+    bool names = false;
+    for (int i = 0; i < a->n_pairs; i++) names |= !strcmp(a->pairs[i].name, "blk.1.ffn_down.weight");
+    CHECK(names && a->pairs[0].A.type == LP_W8);
+    lp_adapter_free(a);
+    lp_adapter_free(b);
+}
+
 int main(void) {
     lp_error err = {0};
     lp_model *base = lp_model_load(base_path, NULL, &err);
@@ -507,6 +555,7 @@ int main(void) {
     make_peft_data(&d);
     test_peft(base, dir, &d);
     test_lpa_corruption(base, dir);
+    test_lpa_v1();
     free_peft_data(&d);
     char path[600];
     snprintf(path, sizeof path, "%s/adapter_config.json", dir);

@@ -11,7 +11,7 @@
 
 #include "check.h"
 #include "formats/lpx.h"
-#include "model/context.h"
+#include "runtime/context.h"
 #include "tools/adapter_write.h"
 #include "tools/compile.h"
 #include "tools/synth.h"

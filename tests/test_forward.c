@@ -9,7 +9,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "model/context.h"
+#include "runtime/context.h"
 #include "tools/synth.h"
 #include "naive_forward.h"
 

@@ -10,7 +10,7 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "model/context.h"
+#include "runtime/context.h"
 #include "tokenizer/tokenizer_internal.h"
 
 static void write_text(const char *path, const char *text) {

@@ -8,9 +8,18 @@
 #include <unistd.h>
 
 #include "check.h"
-#include "model/context.h"
+#include "runtime/context.h"
 #include "tools/adapter_write.h"
 #include "tools/synth.h"
+#include "arch/llama.h"
+
+/* The pair of layer l's projection p, or an empty one (rank 0). */
+static const lp_lora_pair *pair_of(const lp_adapter *a, int l, lp_proj p) {
+    static const lp_lora_pair none = {.weight = -1};
+    const lp_lora_pair *x = lp_llama_pair(a, l, p);
+    return x ? x : &none;
+}
+
 
 /* KV in f32 (kv_f32) or the default f16. */
 static lp_context *make_ctx_kv(const lp_model *m, int max_adapters, bool kv_f32) {
@@ -147,7 +156,7 @@ static void test_mixed_batch(const char *base_path, const char *dir, uint32_t pa
         ad[1] = as_packed(m, ad[1], a1, packed);
         ad[2] = as_packed(m, ad[2], a2, packed);
         /* packed where the input width allows it (qwen2-tiny is 16 wide: F16) */
-        CHECK(ad[1] && (lp_adapter_pair(ad[1], 0, LP_PROJ_Q)->A.type == packed) == (m->hp.dim % 32 == 0));
+        CHECK(ad[1] && (pair_of(ad[1], 0, LP_PROJ_Q)->A.type == packed) == (m->hp.dim % 32 == 0));
     }
     if (!ad[1] || !ad[2]) return;
     int V = m->hp.n_vocab;

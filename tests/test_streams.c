@@ -7,7 +7,7 @@
 #include <string.h>
 
 #include "check.h"
-#include "model/context.h"
+#include "runtime/context.h"
 
 #define MAX_STREAMS 8
 

@@ -25,8 +25,22 @@ static void adapter_usage(FILE *out) {
             "  merge    write BASE with W' = W + scale * B A of every adapter folded in (F32)\n");
 }
 
+/* A weight name with its numbers as '#': "blk.3.attn_q.weight" ->
+ * "blk.#.attn_q.weight", so targets group across layers. */
+static void name_shape(const char *name, char *out, size_t cap) {
+    size_t n = 0;
+    for (const char *c = name; *c && n + 1 < cap; c++) {
+        if (*c >= '0' && *c <= '9') {
+            while (c[1] >= '0' && c[1] <= '9') c++;
+            out[n++] = '#';
+        } else {
+            out[n++] = *c;
+        }
+    }
+    out[n] = 0;
+}
+
 static void print_info(const lp_adapter *a, const char *path) {
-    static const char *const projs[LP_PROJ_COUNT] = {"q", "k", "v", "o", "gate", "up", "down"};
     printf("adapter:    %s\n", path);
     printf("name:       %s\n", a->name);
     printf("format:     %s\n", a->format);
@@ -34,24 +48,29 @@ static void print_info(const lp_adapter *a, const char *path) {
     if (a->base)
         printf("fingerprint %016llx (validated against %s)\n",
                (unsigned long long)lp_model_fingerprint(a->base), a->base->path);
-    printf("layers:     %d\n", a->n_layers);
+    printf("weights:    %d adapted\n", a->n_pairs);
     printf("max rank:   %d\n", a->max_rank);
     printf("bytes:      %llu\n", (unsigned long long)a->bytes);
     printf("targets:   ");
-    for (int p = 0; p < LP_PROJ_COUNT; p++) {
+    for (int i = 0; i < a->n_pairs; i++) {
+        char shape[96], other[96];
+        name_shape(a->pairs[i].name, shape, sizeof shape);
+        bool seen = false;
         int n = 0;
-        for (int l = 0; l < a->n_layers; l++) n += lp_adapter_pair(a, l, (lp_proj)p)->rank > 0;
-        if (n) printf(" %s(%d layers)", projs[p], n);
-    }
-    printf("\n\nlayer  proj  rank  scale       type  in     out\n");
-    for (int l = 0; l < a->n_layers; l++)
-        for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
-            if (!pr->rank) continue;
-            printf("%-6d %-5s %-5d %-11.6g %-5s %-6lld %lld\n", l, projs[p], pr->rank,
-                   (double)pr->scale, lp_dtype_name(pr->A.type), (long long)pr->A.cols,
-                   (long long)pr->B.rows);
+        for (int j = 0; j < a->n_pairs; j++) {
+            name_shape(a->pairs[j].name, other, sizeof other);
+            if (strcmp(shape, other)) continue;
+            seen |= j < i;
+            n++;
         }
+        if (!seen) printf(" %s(%d)", shape, n);
+    }
+    printf("\n\n%-40s rank  scale       type  in     out\n", "weight");
+    for (int i = 0; i < a->n_pairs; i++) {
+        const lp_lora_pair *pr = &a->pairs[i];
+        printf("%-40s %-5d %-11.6g %-5s %-6lld %lld\n", pr->name, pr->rank, (double)pr->scale,
+               lp_dtype_name(pr->A.type), (long long)pr->A.cols, (long long)pr->B.rows);
+    }
 }
 
 static int do_info(int argc, char **argv) {
@@ -124,8 +143,8 @@ static int do_compile(int argc, char **argv) {
     if (!a) rc = cli_fail("adapter", &err);
     else if (lp_adapter_write_lpa(a, out, dtype, &err)) rc = cli_fail("compile", &err);
     else
-        fprintf(stderr, "loraplex: wrote %s (%d layers, max rank %d, %llu bytes of A/B)\n", out,
-                a->n_layers, a->max_rank, (unsigned long long)a->bytes);
+        fprintf(stderr, "loraplex: wrote %s (%d weights, max rank %d, %llu bytes of A/B)\n", out,
+                a->n_pairs, a->max_rank, (unsigned long long)a->bytes);
     lp_adapter_free(a);
     lp_model_free(base);
     return rc;

@@ -28,21 +28,6 @@ uint64_t lp_lpa_hash(uint64_t h, const void *data, size_t n) {
     return h;
 }
 
-bool lp_lpa_proj_shape(const lp_lpa_base *b, uint32_t proj, uint64_t *in, uint64_t *out) {
-    uint64_t dim = b->dim, q = (uint64_t)b->n_heads * b->head_dim,
-             kv = (uint64_t)b->n_kv_heads * b->head_dim, ffn = b->ffn_dim;
-    switch (proj) {
-    case 0: *in = dim; *out = q; return true;
-    case 1:
-    case 2: *in = dim; *out = kv; return true;
-    case 3: *in = q; *out = dim; return true;
-    case 4:
-    case 5: *in = dim; *out = ffn; return true;
-    case 6: *in = ffn; *out = dim; return true;
-    default: return false;
-    }
-}
-
 static size_t elem_size(uint32_t dtype) { return dtype == LP_F16 ? 2 : 4; }
 
 static uint64_t align64(uint64_t x) { return (x + LP_LPA_ALIGN - 1) & ~(uint64_t)(LP_LPA_ALIGN - 1); }
@@ -70,7 +55,24 @@ static bool block_bytes(const lp_lpa_entry *e, size_t *a_bytes, size_t *b_bytes)
            lp_mul_ok(e->rank, e->out, &nb) && lp_mul_ok(nb, elem_size(e->dtype), b_bytes);
 }
 
-static const char *const proj_names[LP_LPA_N_PROJ] = {"q", "k", "v", "o", "gate", "up", "down"};
+/* Version 1 entries: projection ids of the Llama family, their GGUF names
+ * and shapes from the base dims. */
+#define V1_N_PROJ 7
+static const char *const v1_proj_gguf[V1_N_PROJ] = {"attn_q", "attn_k", "attn_v", "attn_output",
+                                                    "ffn_gate", "ffn_up", "ffn_down"};
+
+static void v1_shape(const lp_lpa_base *b, uint32_t proj, uint64_t *in, uint64_t *out) {
+    uint64_t dim = b->dim, q = (uint64_t)b->n_heads * b->head_dim,
+             kv = (uint64_t)b->n_kv_heads * b->head_dim, ffn = b->ffn_dim;
+    const uint64_t ins[V1_N_PROJ] = {dim, dim, dim, q, dim, dim, ffn};
+    const uint64_t outs[V1_N_PROJ] = {q, kv, kv, dim, ffn, ffn, dim};
+    *in = ins[proj];
+    *out = outs[proj];
+}
+
+static size_t entry_bytes(uint32_t version) {
+    return version == 1 ? LP_LPA_V1_ENTRY_BYTES : LP_LPA_ENTRY_BYTES;
+}
 
 /* ---- reader -------------------------------------------------------------------- */
 
@@ -93,9 +95,10 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
                        LP_LPA_HEADER_BYTES);
     if (memcmp(p, LP_LPA_MAGIC, 4) != 0) return lp_fail(err, "%s: not an .lpa file (bad magic)", what);
     uint32_t version = lp_le_get_u32(p + 4);
-    if (version != LP_LPA_VERSION)
-        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads %d)", what,
+    if (version != 1 && version != LP_LPA_VERSION)
+        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads 1 and %d)", what,
                        version, LP_LPA_VERSION);
+    out->version = version;
     uint64_t file_bytes = lp_le_get_u64(p + 8);
     if (file_bytes != size)
         return lp_fail(err, "%s: header says %llu bytes but the file has %zu (truncated?)", what,
@@ -121,11 +124,13 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
     if (b->flags & ~LP_LPA_FLAG_INTERLEAVED)
         return lp_fail(err, "%s: unknown flags 0x%x", what, b->flags);
     out->n_entries = lp_le_get_u32(p + 76);
-    if (out->n_entries > b->n_layers * LP_LPA_N_PROJ)
+    if (version == 1 && out->n_entries > b->n_layers * V1_N_PROJ)
         return lp_fail(err, "%s: %u entries for %u layers x %d projections", what,
-                       out->n_entries, b->n_layers, LP_LPA_N_PROJ);
+                       out->n_entries, b->n_layers, V1_N_PROJ);
+    if (out->n_entries > LP_LPA_MAX_ENTRIES)
+        return lp_fail(err, "%s: %u entries (at most %u)", what, out->n_entries, LP_LPA_MAX_ENTRIES);
     *data_start = lp_le_get_u64(p + 80);
-    uint64_t expect_start = align64(LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries);
+    uint64_t expect_start = align64(LP_LPA_HEADER_BYTES + (uint64_t)entry_bytes(version) * out->n_entries);
     if (*data_start != expect_start || *data_start > size)
         return lp_fail(err, "%s: data_start %llu is wrong (expected %llu within %zu bytes)", what,
                        (unsigned long long)*data_start, (unsigned long long)expect_start, size);
@@ -175,48 +180,85 @@ static bool all_zero(const uint8_t *p, uint64_t from, uint64_t to) {
     return true;
 }
 
-static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, const char *what,
-                         lp_lpa *out, lp_error *err) {
-    uint64_t cursor = data_start, prev_key = 0;
-    for (uint32_t i = 0; i < out->n_entries; i++) {
-        const uint8_t *q = p + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
-        lp_lpa_entry *e = &out->entries[i];
-        e->layer = lp_le_get_u32(q);
-        e->proj = lp_le_get_u32(q + 4);
+/* Tensor name, rank, dtype, scale, shape and offsets of entry i; the
+ * reserved fields must be zero. */
+static int read_entry(const uint8_t *q, const lp_lpa *lpa, uint32_t i, const char *what, lp_lpa_entry *e,
+                      uint64_t *a_off, uint64_t *b_off, lp_error *err) {
+    if (lpa->version == 1) {
+        uint32_t layer = lp_le_get_u32(q), proj = lp_le_get_u32(q + 4);
+        if (layer >= lpa->base.n_layers || proj >= V1_N_PROJ)
+            return lp_fail(err, "%s: entry %u: layer %u / projection %u out of range", what, i, layer, proj);
+        snprintf(e->tensor, sizeof e->tensor, "blk.%u.%s.weight", layer, v1_proj_gguf[proj]);
+        v1_shape(&lpa->base, proj, &e->in, &e->out);
         e->rank = lp_le_get_u32(q + 8);
         e->dtype = lp_le_get_u32(q + 12);
         e->scale = lp_le_get_f32(q + 16);
-        uint64_t a_off = lp_le_get_u64(q + 24), b_off = lp_le_get_u64(q + 32);
-        if (e->layer >= out->base.n_layers || e->proj >= LP_LPA_N_PROJ)
-            return lp_fail(err, "%s: entry %u: layer %u / projection %u out of range", what, i,
-                           e->layer, e->proj);
-        const char *pn = proj_names[e->proj];
-        uint64_t key = (uint64_t)e->layer * LP_LPA_N_PROJ + e->proj + 1;
-        if (key <= prev_key)
-            return lp_fail(err, "%s: entry %u (layer %u %s) is out of order or repeated", what, i,
-                           e->layer, pn);
-        prev_key = key;
-        lp_lpa_proj_shape(&out->base, e->proj, &e->in, &e->out);
+        *a_off = lp_le_get_u64(q + 24);
+        *b_off = lp_le_get_u64(q + 32);
+        if (lp_le_get_u32(q + 20) != 0) return lp_fail(err, "%s: %s: reserved field is not zero", what, e->tensor);
+        return 0;
+    }
+    const uint8_t *nul = memchr(q, 0, LP_LPA_TENSOR_BYTES);
+    if (!nul || nul == q) return lp_fail(err, "%s: entry %u: tensor name is empty or not NUL-terminated", what, i);
+    size_t len = (size_t)(nul - q);
+    if (!lp_utf8_valid(q, len) || !all_zero(q, len, LP_LPA_TENSOR_BYTES))
+        return lp_fail(err, "%s: entry %u: tensor name is not valid UTF-8 or not NUL-padded", what, i);
+    memcpy(e->tensor, q, len + 1);
+    e->rank = lp_le_get_u32(q + 96);
+    e->dtype = lp_le_get_u32(q + 100);
+    e->scale = lp_le_get_f32(q + 104);
+    e->in = lp_le_get_u64(q + 112);
+    e->out = lp_le_get_u64(q + 120);
+    *a_off = lp_le_get_u64(q + 128);
+    *b_off = lp_le_get_u64(q + 136);
+    if (lp_le_get_u32(q + 108) != 0 || !all_zero(q, 144, LP_LPA_ENTRY_BYTES))
+        return lp_fail(err, "%s: %s: reserved field is not zero", what, e->tensor);
+    if (e->in == 0 || e->out == 0 || e->in > (1u << 24) || e->out > (1u << 24))
+        return lp_fail(err, "%s: %s: shape %llu x %llu out of range (1..2^24)", what, e->tensor,
+                       (unsigned long long)e->out, (unsigned long long)e->in);
+    return 0;
+}
+
+/* Strictly increasing keys: (layer, proj) in version 1, the name in 2. */
+static bool in_order(const uint8_t *prev, const uint8_t *q, const lp_lpa_entry *pe, const lp_lpa_entry *e,
+                     uint32_t version) {
+    if (version == 1) {
+        uint64_t kp = (uint64_t)lp_le_get_u32(prev) * V1_N_PROJ + lp_le_get_u32(prev + 4);
+        uint64_t kq = (uint64_t)lp_le_get_u32(q) * V1_N_PROJ + lp_le_get_u32(q + 4);
+        return kq > kp;
+    }
+    return strcmp(pe->tensor, e->tensor) < 0;
+}
+
+static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, const char *what,
+                         lp_lpa *out, lp_error *err) {
+    uint64_t cursor = data_start;
+    size_t eb = entry_bytes(out->version);
+    for (uint32_t i = 0; i < out->n_entries; i++) {
+        const uint8_t *q = p + LP_LPA_HEADER_BYTES + (size_t)i * eb;
+        lp_lpa_entry *e = &out->entries[i];
+        uint64_t a_off = 0, b_off = 0;
+        if (read_entry(q, out, i, what, e, &a_off, &b_off, err)) return -1;
+        const char *pn = e->tensor;
+        if (i > 0 && !in_order(q - eb, q, &out->entries[i - 1], e, out->version))
+            return lp_fail(err, "%s: entry %u (%s) is out of order or repeated", what, i, pn);
         uint64_t max_rank = e->in < e->out ? e->in : e->out;
         if (e->rank == 0 || e->rank > max_rank)
-            return lp_fail(err, "%s: layer %u %s: rank %u out of range 1..%llu", what, e->layer,
-                           pn, e->rank, (unsigned long long)max_rank);
+            return lp_fail(err, "%s: %s: rank %u out of range 1..%llu", what, pn, e->rank,
+                           (unsigned long long)max_rank);
         if (!valid_dtype(e->dtype))
-            return lp_fail(err, "%s: layer %u %s: dtype %u is not F32 (0), F16 (1), W4 (64) or W8 (65)", what,
-                           e->layer, pn, e->dtype);
-        if (!isfinite(e->scale))
-            return lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer, pn);
-        if (lp_le_get_u32(q + 20) != 0)
-            return lp_fail(err, "%s: layer %u %s: reserved field is not zero", what, e->layer, pn);
+            return lp_fail(err, "%s: %s: dtype %u is not F32 (0), F16 (1), W4 (64) or W8 (65)", what, pn,
+                           e->dtype);
+        if (!isfinite(e->scale)) return lp_fail(err, "%s: %s: scale is not finite", what, pn);
         size_t a_bytes, b_bytes, a_end, b_end;
         if (!block_bytes(e, &a_bytes, &b_bytes))
-            return lp_fail(err, "%s: layer %u %s: size overflows%s", what, e->layer, pn,
+            return lp_fail(err, "%s: %s: size overflows%s", what, pn,
                            is_packed(e->dtype) && e->in % 32 ? " (W8/W4 need an input width that is a multiple of 32)" : "");
         if (a_off % LP_LPA_ALIGN || b_off % LP_LPA_ALIGN || a_off < cursor ||
             !lp_add_ok(a_off, a_bytes, &a_end) || a_end > size || b_off < a_end ||
             !lp_add_ok(b_off, b_bytes, &b_end) || b_end > size)
-            return lp_fail(err, "%s: layer %u %s: A/B offsets %llu/%llu are misaligned, overlap "
-                           "or lie outside the %zu-byte file", what, e->layer, pn,
+            return lp_fail(err, "%s: %s: A/B offsets %llu/%llu are misaligned, overlap "
+                           "or lie outside the %zu-byte file", what, pn,
                            (unsigned long long)a_off, (unsigned long long)b_off, size);
         e->a = p + a_off;
         e->b = p + b_off;
@@ -238,7 +280,7 @@ int lp_lpa_parse(const void *data, size_t size, const lp_lpa_base *expect, const
     if (parse_header(p, size, what, out, &data_start, err)) return -1;
     if (expect && check_base(&out->base, expect, what, err)) return -1;
     /* the table was covered by the header checksum; the padding must be zero */
-    if (!all_zero(p, LP_LPA_HEADER_BYTES + (uint64_t)LP_LPA_ENTRY_BYTES * out->n_entries, data_start))
+    if (!all_zero(p, LP_LPA_HEADER_BYTES + (uint64_t)entry_bytes(out->version) * out->n_entries, data_start))
         return lp_fail(err, "%s: padding before the data is not zero", what);
     out->entries = calloc(out->n_entries ? out->n_entries : 1, sizeof *out->entries);
     if (!out->entries) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
@@ -259,9 +301,7 @@ void lp_lpa_release(lp_lpa *lpa) {
 
 static int cmp_entry(const void *x, const void *y) {
     const lp_lpa_entry *a = x, *b = y;
-    uint64_t ka = (uint64_t)a->layer * LP_LPA_N_PROJ + a->proj,
-             kb = (uint64_t)b->layer * LP_LPA_N_PROJ + b->proj;
-    return (ka > kb) - (ka < kb);
+    return strcmp(a->tensor, b->tensor);
 }
 
 static void put_name(uint8_t *field, const char *name) {
@@ -285,8 +325,7 @@ static bool write_block(FILE *f, const void *data, size_t n, uint64_t *h) {
 
 int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
                  const char *base_name, const lp_lpa_entry *entries, uint32_t n, lp_error *err) {
-    if (n > base->n_layers * LP_LPA_N_PROJ)
-        return lp_fail(err, "%s: too many adapter entries (%u)", path, n);
+    if (n > LP_LPA_MAX_ENTRIES) return lp_fail(err, "%s: too many adapter entries (%u)", path, n);
     lp_lpa_entry *es = calloc(n ? n : 1, sizeof *es);
     size_t table_end = LP_LPA_HEADER_BYTES + (size_t)LP_LPA_ENTRY_BYTES * n;
     size_t data_start = (size_t)align64(table_end);
@@ -304,22 +343,23 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
     for (uint32_t i = 0; i < n && rc == 0; i++) {
         lp_lpa_entry *e = &es[i];
         size_t a_bytes = 0, b_bytes = 0;
-        if (!lp_lpa_proj_shape(base, e->proj, &e->in, &e->out) || e->layer >= base->n_layers ||
-            (i > 0 && cmp_entry(&es[i - 1], e) == 0) || !block_bytes(e, &a_bytes, &b_bytes) ||
-            !valid_dtype(e->dtype) || !isfinite(e->scale)) {
-            rc = lp_fail(err, "%s: invalid adapter entry (layer %u, projection %u)", path,
-                         e->layer, e->proj);
+        size_t len = strnlen(e->tensor, LP_LPA_TENSOR_BYTES);
+        if (len == 0 || len == LP_LPA_TENSOR_BYTES || (i > 0 && cmp_entry(&es[i - 1], e) == 0) ||
+            e->in == 0 || e->out == 0 || e->in > (1u << 24) || e->out > (1u << 24) ||
+            !block_bytes(e, &a_bytes, &b_bytes) || !valid_dtype(e->dtype) || !isfinite(e->scale)) {
+            rc = lp_fail(err, "%s: invalid adapter entry '%.*s'", path, (int)len, e->tensor);
             break;
         }
         uint8_t *q = head + LP_LPA_HEADER_BYTES + (size_t)i * LP_LPA_ENTRY_BYTES;
-        lp_le_put_u32(q, e->layer);
-        lp_le_put_u32(q + 4, e->proj);
-        lp_le_put_u32(q + 8, e->rank);
-        lp_le_put_u32(q + 12, e->dtype);
-        lp_le_put_f32(q + 16, e->scale);
-        lp_le_put_u64(q + 24, off);
+        memcpy(q, e->tensor, len);
+        lp_le_put_u32(q + 96, e->rank);
+        lp_le_put_u32(q + 100, e->dtype);
+        lp_le_put_f32(q + 104, e->scale);
+        lp_le_put_u64(q + 112, e->in);
+        lp_le_put_u64(q + 120, e->out);
+        lp_le_put_u64(q + 128, off);
         off += align64(a_bytes);
-        lp_le_put_u64(q + 32, off);
+        lp_le_put_u64(q + 136, off);
         off += align64(b_bytes);
     }
     if (rc) {

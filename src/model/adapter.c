@@ -4,9 +4,11 @@
  * tools library (src/tools/adapter_write.c).
  *
  * The three sources go through one path: the format code lists "pieces"
- * (layer, projection, A or B half, the stored tensor) and the alpha that
- * applies, then build_pairs() checks shapes against the base, converts the
- * data (F32 or F16), and fixes the q/k row order. */
+ * (the weight's name, A or B half, the stored tensor) and the alpha that
+ * applies, then build_pairs() maps each name to a weight id of the base,
+ * checks shapes, converts the data (F32 or F16), and fixes the rotary row
+ * order. Nothing here knows an architecture: names, shapes, folded gains
+ * and rotary rows all come from the base's weight table (lp_model.weights). */
 #define PCRE2_CODE_UNIT_WIDTH 8
 #include "adapter.h"
 
@@ -20,19 +22,6 @@
 
 #include "../base/dtype.h"
 #include "../formats/lpa.h"
-
-_Static_assert(LP_PROJ_COUNT == LP_LPA_N_PROJ, ".lpa projection ids are lp_proj");
-
-static const char *const proj_short[LP_PROJ_COUNT] = {"q", "k", "v", "o", "gate", "up", "down"};
-static const char *const proj_gguf[LP_PROJ_COUNT] = {"attn_q", "attn_k", "attn_v", "attn_output",
-                                                     "ffn_gate", "ffn_up", "ffn_down"};
-static const char *const proj_hf[LP_PROJ_COUNT] = {"self_attn.q_proj", "self_attn.k_proj",
-                                                   "self_attn.v_proj", "self_attn.o_proj",
-                                                   "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj"};
-
-const char *lp_proj_name(lp_proj p) {
-    return (unsigned)p < LP_PROJ_COUNT ? proj_short[p] : "?";
-}
 
 /* ---- fingerprint ---------------------------------------------------------------- */
 
@@ -93,11 +82,16 @@ static lp_lpa_base lpa_base_of(const lp_model *m) {
     return b;
 }
 
-static const lp_weight *base_weight(const lp_model *m, int layer, lp_proj p) {
-    const lp_layer *L = &m->layers[layer];
-    const lp_weight *ws[LP_PROJ_COUNT] = {&L->wq, &L->wk, &L->wv, &L->wo,
-                                          &L->w_gate, &L->w_up, &L->w_down};
-    return ws[p];
+int lp_model_weight_by_name(const lp_model *m, const char *name) {
+    for (int w = 0; w < m->n_weights; w++)
+        if (!strcmp(m->weights[w].name, name)) return w;
+    return -1;
+}
+
+int lp_model_weight_by_module(const lp_model *m, const char *module) {
+    for (int w = 0; w < m->n_weights; w++)
+        if (!strcmp(m->weights[w].hf_name, module)) return w;
+    return -1;
 }
 
 /* ---- the adapter object ----------------------------------------------------------- */
@@ -120,6 +114,7 @@ void lp_adapter_free(lp_adapter *a) {
     for (int i = 0; i < a->n_owned; i++) lp_free(a->owned[i]);
     free(a->owned);
     free(a->pairs);
+    free(a->index);
     lp_unmap_file(&a->file);
     free(a);
 }
@@ -128,17 +123,33 @@ const char *lp_adapter_name(const lp_adapter *a) { return a->name; }
 uint64_t lp_adapter_bytes(const lp_adapter *a) { return a->bytes; }
 uint64_t lp_adapter_identity(const lp_adapter *a) { return a ? a->tag : 0; }
 
-static lp_adapter *adapter_new(const lp_model *model, int n_layers, lp_error *err) {
+/* An adapter with room for n pairs (and, with a base, its weight index). */
+static lp_adapter *adapter_new(const lp_model *model, size_t n, lp_error *err) {
     lp_adapter *a = calloc(1, sizeof *a);
-    if (a) a->pairs = calloc((size_t)(n_layers > 0 ? n_layers : 1) * LP_PROJ_COUNT, sizeof *a->pairs);
-    if (!a || !a->pairs) {
+    if (a) a->pairs = calloc(n ? n : 1, sizeof *a->pairs);
+    if (a && model) a->index = malloc((size_t)(model->n_weights ? model->n_weights : 1) * sizeof *a->index);
+    if (!a || !a->pairs || (model && !a->index)) {
+        if (a) {
+            free(a->pairs);
+            free(a->index);
+        }
         free(a);
         lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
     }
+    for (int w = 0; model && w < model->n_weights; w++) a->index[w] = -1;
     a->base = model;
-    a->n_layers = n_layers;
     return a;
+}
+
+/* The next pair, for weight id w (-1 without a base) named `name`. */
+static lp_lora_pair *add_pair(lp_adapter *a, int w, const char *name) {
+    lp_lora_pair *p = &a->pairs[a->n_pairs];
+    if (w >= 0) a->index[w] = a->n_pairs;
+    a->n_pairs++;
+    p->weight = w;
+    snprintf(p->name, sizeof p->name, "%s", name);
+    return p;
 }
 
 static void copy_name(char *dst, size_t cap, const char *src, size_t len) {
@@ -165,9 +176,8 @@ static size_t half_bytes(const lp_weight *w) {
 static void finish_totals(lp_adapter *a) {
     a->bytes = 0;
     a->max_rank = 0;
-    for (int i = 0; i < a->n_layers * LP_PROJ_COUNT; i++) {
+    for (int i = 0; i < a->n_pairs; i++) {
         const lp_lora_pair *p = &a->pairs[i];
-        if (p->rank == 0) continue;
         a->bytes += (uint64_t)(half_bytes(&p->A) + half_bytes(&p->B));
         if (p->rank > a->max_rank) a->max_rank = p->rank;
     }
@@ -184,8 +194,7 @@ typedef struct src_tensor {
 } src_tensor;
 
 typedef struct piece {
-    int layer;
-    lp_proj proj;
+    char key[96];           /* the weight: GGUF name, or the PEFT module */
     bool is_b;
     src_tensor t;
 } piece;
@@ -284,11 +293,9 @@ static int convert(lp_adapter *a, const src_tensor *t, int permute_dir, int head
     return 0;
 }
 
-static int pair_scale(const scale_rule *rule, int layer, lp_proj p, int rank, const char *what,
+static int pair_scale(const scale_rule *rule, const char *module, int rank, const char *what,
                       const char *tensor, float *out, lp_error *err) {
     if (rule->peft) {
-        char module[96];
-        snprintf(module, sizeof module, "model.layers.%d.%s", layer, proj_hf[p]);
         int want_rank;
         float alpha;
         if (lp_peft_module_params(rule->peft, module, what, &want_rank, &alpha, err)) return -1;
@@ -310,146 +317,160 @@ static int pair_scale(const scale_rule *rule, int layer, lp_proj p, int rank, co
  * at load into an F32 copy. (.lpa files are stored in their base's
  * convention, already folded, and bound to it by the fingerprint.) */
 static int fold_norm_gains(lp_adapter *a, const char *what, lp_error *err) {
-    const lp_model *m = a->base;
-    for (int l = 0; l < a->n_layers; l++) {
-        const lp_layer *L = &m->layers[l];
-        for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const float *gain = p <= LP_PROJ_V ? L->attn_norm
-                              : (p == LP_PROJ_GATE || p == LP_PROJ_UP) ? L->ffn_norm : NULL;
-            lp_lora_pair *pair = lp_adapter_pair(a, l, (lp_proj)p);
-            if (!gain || pair->rank == 0) continue;
-            int64_t rows = pair->A.rows, cols = pair->A.cols;
-            float *A = adapter_own(a, (size_t)rows * (size_t)cols * sizeof(float));
-            if (!A) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory folding norm gains", what);
-            for (int64_t r = 0; r < rows; r++) {
-                lp_dequantize_row(pair->A.type, (const uint8_t *)pair->A.data + (size_t)r * pair->A.row_bytes,
-                                  A + r * cols, cols);
-                for (int64_t c = 0; c < cols; c++) A[r * cols + c] *= gain[c];
-            }
-            pair->A = (lp_weight){.type = LP_F32, .rows = rows, .cols = cols,
-                                  .row_bytes = (size_t)cols * sizeof(float), .data = A};
+    for (int i = 0; i < a->n_pairs; i++) {
+        lp_lora_pair *pair = &a->pairs[i];
+        const float *gain = a->base->weights[pair->weight].in_gain;
+        if (!gain) continue;
+        int64_t rows = pair->A.rows, cols = pair->A.cols;
+        float *A = adapter_own(a, (size_t)rows * (size_t)cols * sizeof(float));
+        if (!A) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory folding norm gains", what);
+        for (int64_t r = 0; r < rows; r++) {
+            lp_dequantize_row(pair->A.type, (const uint8_t *)pair->A.data + (size_t)r * pair->A.row_bytes,
+                              A + r * cols, cols);
+            for (int64_t c = 0; c < cols; c++) A[r * cols + c] *= gain[c];
         }
+        pair->A = (lp_weight){.type = LP_F32, .rows = rows, .cols = cols,
+                              .row_bytes = (size_t)cols * sizeof(float), .data = A};
     }
     return 0;
 }
 
-/* Shapes, ranks, halves, conversion. src_interleaved: the source's q/k rows
- * are in interleaved (GGUF llama) order rather than Hugging Face order. */
-static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *rule,
-                       bool src_interleaved, const char *what, lp_error *err) {
-    const lp_model *m = a->base;
-    size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
-    const piece **halves = calloc(n_slots * 2, sizeof *halves);
-    if (!halves) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+/* The A and B halves of one weight's pair. */
+typedef struct halves {
+    const piece *h[2];
+    int weight;            /* -1 without a base */
+} halves;
+
+static int cmp_piece_key(const void *x, const void *y) {
+    const piece *const *a = x, *const *b = y;
+    return strcmp((*a)->key, (*b)->key);
+}
+
+/* Sorts the pieces into halves per weight: by weight id with a base (a
+ * name the base has no adaptable weight for is an error), else by name. */
+static int collect_halves(const lp_model *m, const piece_list *pl, bool by_module, const char *what,
+                          halves **out, size_t *n_out, lp_error *err) {
+    size_t n = m ? (size_t)m->n_weights : pl->n;
+    halves *hs = calloc(n ? n : 1, sizeof *hs);
+    const piece **sorted = calloc(pl->n ? pl->n : 1, sizeof *sorted);
+    if (!hs || !sorted) {
+        free(hs);
+        free(sorted);
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    }
     int rc = 0;
+    size_t used = 0;
+    for (size_t i = 0; i < pl->n; i++) sorted[i] = &pl->items[i];
+    if (!m) qsort(sorted, pl->n, sizeof *sorted, cmp_piece_key);
     for (size_t i = 0; i < pl->n && rc == 0; i++) {
-        const piece *p = &pl->items[i];
-        if (p->layer < 0 || p->layer >= a->n_layers) {
-            rc = lp_fail(err, "%s: tensor '%s' is for layer %d, but the base has %d layers (0..%d)",
-                         what, p->t.name, p->layer, a->n_layers, a->n_layers - 1);
-            break;
-        }
-        const piece **slot = &halves[((size_t)p->layer * LP_PROJ_COUNT + p->proj) * 2 + p->is_b];
-        if (*slot) rc = lp_fail(err, "%s: tensors '%s' and '%s' are the same half of one pair",
-                                what, (*slot)->t.name, p->t.name);
-        *slot = p;
-    }
-    bool dst_interleaved = m && !m->hp.rope_neox;
-    for (size_t s = 0; s < n_slots && rc == 0; s++) {
-        const piece *pa = halves[2 * s], *pb = halves[2 * s + 1];
-        if (!pa && !pb) continue;
-        int layer = (int)(s / LP_PROJ_COUNT);
-        lp_proj proj = (lp_proj)(s % LP_PROJ_COUNT);
-        if (!pa || !pb) {
-            const piece *have = pa ? pa : pb;
-            rc = lp_fail(err, "%s: layer %d %s has '%s' but no matching lora_%s half", what, layer,
-                         proj_short[proj], have->t.name, pa ? "B" : "A");
-            break;
-        }
-        const src_tensor *A = &pa->t, *B = &pb->t;
-        uint64_t in = A->cols, out = B->rows, rank = A->rows;
+        const piece *p = sorted[i];
+        halves *h;
         if (m) {
-            const lp_weight *w = base_weight(m, layer, proj);
-            in = (uint64_t)w->cols;
-            out = (uint64_t)w->rows;
+            int w = by_module ? lp_model_weight_by_module(m, p->key) : lp_model_weight_by_name(m, p->key);
+            if (w < 0) {
+                rc = lp_fail(err, "%s: tensor '%s' is for '%s', which is not an adaptable weight of the base "
+                             "(it has %d, e.g. '%s')", what, p->t.name, p->key, m->n_weights,
+                             m->n_weights ? (by_module ? m->weights[0].hf_name : m->weights[0].name) : "");
+                break;
+            }
+            h = &hs[w];
+            h->weight = w;
+        } else {
+            if (used == 0 || strcmp(hs[used - 1].h[0] ? hs[used - 1].h[0]->key : hs[used - 1].h[1]->key, p->key))
+                hs[used++].weight = -1;
+            h = &hs[used - 1];
         }
-        char have[64], want[64];
-        if (A->cols != in || A->rows == 0) {
-            shape_str(A, have, sizeof have);
-            expect_str(A->gguf, rank, in, want, sizeof want);
-            rc = lp_fail(err, "%s: tensor '%s' has shape %s, expected %s (rank x %llu inputs of "
-                         "layer %d %s)", what, A->name, have, want, (unsigned long long)in, layer,
-                         proj_short[proj]);
-            break;
-        }
-        if (B->rows != out || B->cols != rank) {
-            shape_str(B, have, sizeof have);
-            expect_str(B->gguf, out, rank, want, sizeof want);
-            rc = lp_fail(err, "%s: tensor '%s' has shape %s, expected %s (%llu outputs of layer "
-                         "%d %s x rank %llu of its lora_A)", what, B->name, have, want,
-                         (unsigned long long)out, layer, proj_short[proj],
-                         (unsigned long long)rank);
-            break;
-        }
-        uint64_t max_rank = in < out ? in : out;
-        if (rank > max_rank || rank > 65536) {
-            rc = lp_fail(err, "%s: tensor '%s' has rank %llu, more than min(in, out) = %llu",
-                         what, A->name, (unsigned long long)rank, (unsigned long long)max_rank);
-            break;
-        }
-        lp_lora_pair *pair = &a->pairs[s];
-        int dir = 0;
-        if (m && (proj == LP_PROJ_Q || proj == LP_PROJ_K) && src_interleaved != dst_interleaved)
-            dir = dst_interleaved ? 1 : -1;
-        pair->rank = (int)rank;
-        rc = pair_scale(rule, layer, proj, (int)rank, what, A->name, &pair->scale, err);
-        if (rc == 0) rc = convert(a, A, 0, 0, what, &pair->A, err);
-        if (rc == 0) rc = convert(a, B, dir, m ? m->hp.head_dim : 0, what, &pair->B, err);
+        if (h->h[p->is_b])
+            rc = lp_fail(err, "%s: tensors '%s' and '%s' are the same half of one pair", what,
+                         h->h[p->is_b]->t.name, p->t.name);
+        h->h[p->is_b] = p;
     }
-    free(halves);
-    if (rc == 0 && m && m->norms_folded) rc = fold_norm_gains(a, what, err);
+    free(sorted);
+    if (rc) {
+        free(hs);
+        return rc;
+    }
+    *out = hs;
+    *n_out = m ? n : used;
+    return 0;
+}
+
+/* Checks one weight's halves against the base and converts them into the
+ * adapter's next pair. */
+static int build_pair(lp_adapter *a, const halves *h, const scale_rule *rule, bool src_interleaved,
+                      const char *what, lp_error *err) {
+    const lp_model *m = a->base;
+    const piece *pa = h->h[0], *pb = h->h[1];
+    const char *key = (pa ? pa : pb)->key;
+    if (!pa || !pb)
+        return lp_fail(err, "%s: %s has '%s' but no matching lora_%s half", what, key,
+                       (pa ? pa : pb)->t.name, pa ? "B" : "A");
+    const lp_model_weight *mw = m ? &m->weights[h->weight] : NULL;
+    const src_tensor *A = &pa->t, *B = &pb->t;
+    uint64_t in = A->cols, out = B->rows, rank = A->rows;
+    if (mw) {
+        in = (uint64_t)mw->w->cols;
+        out = (uint64_t)mw->w->rows;
+    }
+    char have[64], want[64];
+    if (A->cols != in || A->rows == 0) {
+        shape_str(A, have, sizeof have);
+        expect_str(A->gguf, rank, in, want, sizeof want);
+        return lp_fail(err, "%s: tensor '%s' has shape %s, expected %s (rank x %llu inputs of %s)", what,
+                       A->name, have, want, (unsigned long long)in, key);
+    }
+    if (B->rows != out || B->cols != rank) {
+        shape_str(B, have, sizeof have);
+        expect_str(B->gguf, out, rank, want, sizeof want);
+        return lp_fail(err, "%s: tensor '%s' has shape %s, expected %s (%llu outputs of %s x rank %llu of "
+                       "its lora_A)", what, B->name, have, want, (unsigned long long)out, key,
+                       (unsigned long long)rank);
+    }
+    uint64_t max_rank = in < out ? in : out;
+    if (rank > max_rank || rank > 65536)
+        return lp_fail(err, "%s: tensor '%s' has rank %llu, more than min(in, out) = %llu", what, A->name,
+                       (unsigned long long)rank, (unsigned long long)max_rank);
+    lp_lora_pair *pair = add_pair(a, h->weight, mw ? mw->name : key);
+    bool dst_interleaved = m && !m->hp.rope_neox;
+    int dir = 0;
+    if (mw && mw->rope_rows && src_interleaved != dst_interleaved) dir = dst_interleaved ? 1 : -1;
+    pair->rank = (int)rank;
+    int rc = pair_scale(rule, mw ? mw->hf_name : key, (int)rank, what, A->name, &pair->scale, err);
+    if (rc == 0) rc = convert(a, A, 0, 0, what, &pair->A, err);
+    if (rc == 0) rc = convert(a, B, dir, m ? m->hp.head_dim : 0, what, &pair->B, err);
     return rc;
 }
 
-/* n_layers for the pair table: the base's, or (inspect) the highest seen + 1. */
-static int layers_for(const lp_model *m, const piece_list *pl) {
-    if (m) return m->hp.n_layers;
-    int n = 0;
-    for (size_t i = 0; i < pl->n; i++)
-        if (pl->items[i].layer + 1 > n) n = pl->items[i].layer + 1;
-    return n;
-}
-
-/* Reads a decimal layer number (at most 6 digits) at *s. */
-static bool parse_layer(const char **s, int *out) {
-    int v = 0, digits = 0;
-    while (**s >= '0' && **s <= '9' && digits < 7) {
-        v = v * 10 + (**s - '0');
-        (*s)++;
-        digits++;
-    }
-    *out = v;
-    return digits > 0 && digits <= 6;
+/* Names to weight ids, shapes, ranks, halves, conversion. src_interleaved:
+ * the source's rotary rows are in interleaved (GGUF llama) order rather
+ * than Hugging Face order. by_module: the pieces' keys are PEFT module
+ * names (else GGUF weight names). */
+static int build_pairs(lp_adapter *a, const piece_list *pl, const scale_rule *rule, bool src_interleaved,
+                       bool by_module, const char *what, lp_error *err) {
+    halves *hs = NULL;
+    size_t n = 0;
+    if (collect_halves(a->base, pl, by_module, what, &hs, &n, err)) return -1;
+    int rc = 0;
+    for (size_t i = 0; i < n && rc == 0; i++)
+        if (hs[i].h[0] || hs[i].h[1]) rc = build_pair(a, &hs[i], rule, src_interleaved, what, err);
+    free(hs);
+    if (rc == 0 && a->base && a->base->norms_folded) rc = fold_norm_gains(a, what, err);
+    return rc;
 }
 
 /* ---- llama.cpp GGUF LoRA ------------------------------------------------------------ */
 
-/* "blk.N.attn_q.weight.lora_a" -> layer, proj, half; false if not of that form. */
-static bool parse_gguf_name(const char *name, int *layer, lp_proj *proj, bool *is_b) {
-    if (strncmp(name, "blk.", 4) != 0) return false;
-    const char *s = name + 4;
-    if (!parse_layer(&s, layer) || *s++ != '.') return false;
-    for (int p = 0; p < LP_PROJ_COUNT; p++) {
-        size_t n = strlen(proj_gguf[p]);
-        if (strncmp(s, proj_gguf[p], n) != 0) continue;
-        const char *rest = s + n;
-        if (!strcmp(rest, ".weight.lora_a") || !strcmp(rest, ".weight.lora_b")) {
-            *proj = (lp_proj)p;
-            *is_b = rest[13] == 'b';
-            return true;
-        }
-    }
-    return false;
+/* "blk.N.attn_q.weight.lora_a" -> key "blk.N.attn_q.weight", half; false
+ * if the name is not a LoRA half of a weight. */
+static bool parse_gguf_name(const char *name, char *key, size_t cap, bool *is_b) {
+    size_t n = strlen(name);
+    if (n < 15 || (strcmp(name + n - 14, ".weight.lora_a") && strcmp(name + n - 14, ".weight.lora_b")))
+        return false;
+    if (n - 7 >= cap) return false;
+    memcpy(key, name, n - 7);
+    key[n - 7] = 0;
+    *is_b = name[n - 1] == 'b';
+    return true;
 }
 
 static int gguf_str(const lp_gguf *g, const char *key, char *out, size_t cap, lp_error *err) {
@@ -465,14 +486,14 @@ static int load_gguf_pieces(const lp_gguf *g, const char *path, piece_list *pl, 
         const lp_gguf_tensor *t = lp_gguf_tensor_at(g, i);
         piece p = {0};
         copy_name(p.t.name, sizeof p.t.name, t->name.ptr, t->name.len);
-        if (!parse_gguf_name(p.t.name, &p.layer, &p.proj, &p.is_b)) {
-            if (strstr(p.t.name, "token_embd") || strncmp(p.t.name, "output", 6) == 0)
+        bool head = strstr(p.t.name, "token_embd") || strncmp(p.t.name, "output.", 7) == 0;
+        if (head || !parse_gguf_name(p.t.name, p.key, sizeof p.key, &p.is_b)) {
+            if (head)
                 return lp_fail(err, "%s: tensor '%s': adapters on the token embedding or the "
                                "output layer are not supported (only q, k, v, o, gate, up, down)",
                                path, p.t.name);
-            return lp_fail(err, "%s: tensor '%s' is not a LoRA half of a supported projection "
-                           "(blk.N.{attn_q,attn_k,attn_v,attn_output,ffn_gate,ffn_up,ffn_down}"
-                           ".weight.lora_{a,b})", path, p.t.name);
+            return lp_fail(err, "%s: tensor '%s' is not a LoRA half of a weight "
+                           "(<weight name>.weight.lora_{a,b}, e.g. blk.0.attn_q.weight.lora_a)", path, p.t.name);
         }
         if (t->type != LP_F32 && t->type != LP_F16 && t->type != LP_BF16)
             return lp_fail(err, "%s: tensor '%s' has type %s (F32, F16, BF16 are supported)", path,
@@ -517,14 +538,14 @@ static lp_adapter *load_gguf(const lp_model *m, const char *path, float scale, l
     if (rc >= 0 && !isfinite(alpha)) rc = lp_fail(err, "%s: adapter.lora.alpha is not finite", path);
     if (rc >= 0) rc = load_gguf_pieces(g, path, &pl, err);
     if (rc >= 0 && pl.n == 0) rc = lp_fail(err, "%s: the adapter has no LoRA tensors", path);
-    if (rc >= 0) a = adapter_new(m, layers_for(m, &pl), err);
+    if (rc >= 0) a = adapter_new(m, pl.n, err);
     if (a) {
         a->format = "gguf";
         if (gguf_str(g, "general.name", a->name, sizeof a->name, NULL) != 1 || !a->name[0])
             snprintf(a->name, sizeof a->name, "%s", basename_of(path));
         /* llama.cpp's converter permutes q/k rows for the llama architecture only */
         scale_rule rule = {.user_scale = scale, .gguf = true, .alpha = alpha};
-        if (build_pairs(a, &pl, &rule, a_arch == LP_ARCH_LLAMA, path, err)) {
+        if (build_pairs(a, &pl, &rule, a_arch == LP_ARCH_LLAMA, false, path, err)) {
             lp_adapter_free(a);
             a = NULL;
         } else {
@@ -745,26 +766,21 @@ int lp_peft_module_params(const lp_peft_config *cfg, const char *module, const c
 
 /* ---- PEFT directory ------------------------------------------------------------------ */
 
-/* "base_model.model.model.layers.3.self_attn.q_proj.lora_A[.default].weight" */
-static bool parse_peft_name(const char *name, int *layer, lp_proj *proj, bool *is_b) {
+/* "base_model.model.<module>.lora_A[.default].weight" -> key "<module>",
+ * half; false if the name is not of that form. */
+static bool parse_peft_name(const char *name, char *key, size_t cap, bool *is_b) {
     const char *s = name;
     if (!strncmp(s, "base_model.model.", 17)) s += 17;
-    if (strncmp(s, "model.layers.", 13) != 0) return false;
-    s += 13;
-    if (!parse_layer(&s, layer) || *s++ != '.') return false;
-    for (int p = 0; p < LP_PROJ_COUNT; p++) {
-        size_t n = strlen(proj_hf[p]);
-        if (strncmp(s, proj_hf[p], n) != 0 || s[n] != '.') continue;
-        const char *rest = s + n + 1;
-        if (strncmp(rest, "lora_A.", 7) && strncmp(rest, "lora_B.", 7)) return false;
-        *is_b = rest[5] == 'B';
-        rest += 7;
-        if (!strncmp(rest, "default.", 8)) rest += 8;
-        if (strcmp(rest, "weight") != 0) return false;
-        *proj = (lp_proj)p;
-        return true;
-    }
-    return false;
+    const char *half = strstr(s, ".lora_A.");
+    if (!half) half = strstr(s, ".lora_B.");
+    if (!half || half == s || (size_t)(half - s) >= cap) return false;
+    const char *rest = half + 8;
+    if (!strncmp(rest, "default.", 8)) rest += 8;
+    if (strcmp(rest, "weight") != 0) return false;
+    memcpy(key, s, (size_t)(half - s));
+    key[half - s] = 0;
+    *is_b = half[6] == 'B';
+    return true;
 }
 
 static int reject_peft_tensor(const char *path, const char *name, lp_error *err) {
@@ -777,9 +793,8 @@ static int reject_peft_tensor(const char *path, const char *name, lp_error *err)
         return lp_fail(err, "%s: tensor '%s': embedding adapters are not supported", path, name);
     if (strstr(name, ".bias"))
         return lp_fail(err, "%s: tensor '%s': LoRA / trained biases are not supported", path, name);
-    return lp_fail(err, "%s: tensor '%s' is not a LoRA half of a supported module (model.layers"
-                   ".N.{self_attn.{q,k,v,o}_proj,mlp.{gate,up,down}_proj}.lora_{A,B}.weight)",
-                   path, name);
+    return lp_fail(err, "%s: tensor '%s' is not a LoRA half of a module (<module>.lora_{A,B}"
+                   "[.default].weight, e.g. model.layers.0.self_attn.q_proj.lora_A.weight)", path, name);
 }
 
 static int load_peft_pieces(const lp_safetensors *st, const char *path, piece_list *pl,
@@ -787,7 +802,7 @@ static int load_peft_pieces(const lp_safetensors *st, const char *path, piece_li
     for (size_t i = 0; i < lp_safetensors_count(st); i++) {
         const lp_st_tensor *t = lp_safetensors_at(st, i);
         piece p = {0};
-        if (!parse_peft_name(t->name, &p.layer, &p.proj, &p.is_b))
+        if (!parse_peft_name(t->name, p.key, sizeof p.key, &p.is_b))
             return reject_peft_tensor(path, t->name, err);
         copy_name(p.t.name, sizeof p.t.name, t->name, strlen(t->name));
         switch (t->dtype) {
@@ -841,7 +856,7 @@ static lp_adapter *load_peft(const lp_model *m, const char *dir, float scale, lp
     piece_list pl = {0};
     if (st && load_peft_pieces(st, st_path, &pl, err) == 0) {
         if (pl.n == 0) lp_fail(err, "%s: the adapter has no LoRA tensors", st_path);
-        else a = adapter_new(m, layers_for(m, &pl), err);
+        else a = adapter_new(m, pl.n, err);
     }
     if (a) {
         a->format = "peft";
@@ -849,7 +864,7 @@ static lp_adapter *load_peft(const lp_model *m, const char *dir, float scale, lp
         snprintf(a->base_name, sizeof a->base_name, "%s", cfg.base_name);
         scale_rule rule = {.user_scale = scale, .peft = &cfg};
         /* PEFT weights are in Hugging Face row order */
-        if (build_pairs(a, &pl, &rule, false, st_path, err)) {
+        if (build_pairs(a, &pl, &rule, false, true, st_path, err)) {
             lp_adapter_free(a);
             a = NULL;
         } else {
@@ -890,10 +905,39 @@ static int check_lpa_data(const lp_lpa_entry *e, const char *what, lp_error *err
         }
         lp_free(row);
         if (!finite)
-            return lp_fail(err, "%s: layer %u %s lora_%c has a non-finite value", what,
-                           e->layer, proj_short[e->proj], h ? 'B' : 'A');
+            return lp_fail(err, "%s: %s lora_%c has a non-finite value", what, e->tensor, h ? 'B' : 'A');
     }
     return 0;
+}
+
+static int cmp_pair_weight(const void *x, const void *y) {
+    const lp_lora_pair *a = x, *b = y;
+    return (a->weight > b->weight) - (a->weight < b->weight);
+}
+
+/* Pairs in weight id order (as the other loaders build them), so an
+ * adapter's identity does not depend on the file it came from. */
+static void sort_pairs(lp_adapter *a) {
+    if (!a->base) return;
+    qsort(a->pairs, (size_t)a->n_pairs, sizeof *a->pairs, cmp_pair_weight);
+    for (int i = 0; i < a->n_pairs; i++) a->index[a->pairs[i].weight] = i;
+}
+
+/* Entry e's weight id in m (-1 without a base), its shape checked. */
+static int lpa_weight(const lp_model *m, const lp_lpa_entry *e, const char *what, lp_error *err) {
+    if (!m) return -1;
+    int w = lp_model_weight_by_name(m, e->tensor);
+    if (w < 0) {
+        lp_fail(err, "%s: entry '%s' is not an adaptable weight of the base", what, e->tensor);
+        return -2;
+    }
+    const lp_weight *bw = m->weights[w].w;
+    if (e->in != (uint64_t)bw->cols || e->out != (uint64_t)bw->rows) {
+        lp_fail(err, "%s: %s is %llu x %llu in the file but %lld x %lld in the base", what, e->tensor,
+                (unsigned long long)e->out, (unsigned long long)e->in, (long long)bw->rows, (long long)bw->cols);
+        return -2;
+    }
+    return w;
 }
 
 static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t size,
@@ -902,18 +946,24 @@ static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t 
     if (m) want = lpa_base_of(m);
     lp_lpa lpa;
     if (lp_lpa_parse(data, size, m ? &want : NULL, what, &lpa, err)) return NULL;
-    lp_adapter *a = adapter_new(m, (int)lpa.base.n_layers, err);
+    lp_adapter *a = adapter_new(m, lpa.n_entries, err);
     for (uint32_t i = 0; a && i < lpa.n_entries; i++) {
         const lp_lpa_entry *e = &lpa.entries[i];
         float s = e->scale * scale;
-        if (!isfinite(s) || check_lpa_data(e, what, err)) {
-            if (!isfinite(s)) lp_fail(err, "%s: layer %u %s: scale is not finite", what, e->layer,
-                                      proj_short[e->proj]);
+        int w = lpa_weight(m, e, what, err);
+        if (w == -2 || !isfinite(s) || check_lpa_data(e, what, err)) {
+            if (w != -2 && !isfinite(s)) lp_fail(err, "%s: %s: scale is not finite", what, e->tensor);
             lp_adapter_free(a);
             a = NULL;
             break;
         }
-        lp_lora_pair *p = lp_adapter_pair(a, (int)e->layer, (lp_proj)e->proj);
+        if (w >= 0 && a->index[w] >= 0) {
+            lp_fail(err, "%s: two entries for %s", what, e->tensor);
+            lp_adapter_free(a);
+            a = NULL;
+            break;
+        }
+        lp_lora_pair *p = add_pair(a, w, e->tensor);
         p->rank = (int)e->rank;
         p->scale = s;
         p->A = lpa_half(e, false);
@@ -923,12 +973,12 @@ static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t 
         a->format = "lpa";
         snprintf(a->name, sizeof a->name, "%s", lpa.name);
         snprintf(a->base_name, sizeof a->base_name, "%s", lpa.base_name);
+        sort_pairs(a);
         finish_totals(a);
     }
     lp_lpa_release(&lpa);
     return a;
 }
-
 
 lp_adapter *lp_adapter_load_lpa_memory(const lp_model *m, const void *data, size_t size,
                                        const char *what, float scale, lp_error *err) {
@@ -1016,16 +1066,14 @@ static uint64_t hash_half(uint64_t h, const lp_weight *w) {
  * with it is never served to an adapter that differs anywhere. */
 uint64_t lp_adapter_content_hash(const lp_adapter *a) {
     uint64_t h = 0xcbf29ce484222325ULL;
-    for (int l = 0; l < a->n_layers; l++)
-        for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const lp_lora_pair *pr = lp_adapter_pair(a, l, (lp_proj)p);
-            int32_t head[2] = {l * LP_PROJ_COUNT + p, pr->rank};
-            h = hash_bytes(h, head, sizeof head);
-            h = hash_bytes(h, &pr->scale, sizeof pr->scale);
-            if (!pr->rank) continue;
-            h = hash_half(h, &pr->A);
-            h = hash_half(h, &pr->B);
-        }
+    for (int i = 0; i < a->n_pairs; i++) {
+        const lp_lora_pair *pr = &a->pairs[i];
+        h = hash_bytes(h, pr->name, strlen(pr->name));
+        h = hash_bytes(h, &pr->rank, sizeof pr->rank);
+        h = hash_bytes(h, &pr->scale, sizeof pr->scale);
+        h = hash_half(h, &pr->A);
+        h = hash_half(h, &pr->B);
+    }
     return h ? h : 1;
 }
 
@@ -1048,25 +1096,6 @@ lp_adapter *lp_adapter_inspect(const char *path, lp_error *err) {
 
 lp_lpa_base lp_adapter_lpa_base(const lp_model *m) { return lpa_base_of(m); }
 
-const lp_weight *lp_adapter_base_weight(const lp_model *m, int layer, lp_proj p) {
-    return base_weight(m, layer, p);
-}
-
 void lp_adapter_copy_name(char *dst, size_t cap, const char *src, size_t len) {
     copy_name(dst, cap, src, len);
-}
-
-/* "blk.N.<proj>.weight" -> layer, proj. */
-bool lp_adapter_parse_base_name(const char *name, int *layer, lp_proj *proj) {
-    if (strncmp(name, "blk.", 4) != 0) return false;
-    const char *s = name + 4;
-    if (!parse_layer(&s, layer) || *s++ != '.') return false;
-    for (int p = 0; p < LP_PROJ_COUNT; p++) {
-        size_t n = strlen(proj_gguf[p]);
-        if (!strncmp(s, proj_gguf[p], n) && !strcmp(s + n, ".weight")) {
-            *proj = (lp_proj)p;
-            return true;
-        }
-    }
-    return false;
 }

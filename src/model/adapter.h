@@ -1,30 +1,24 @@
 /* LoRA adapters as runtime inputs to a frozen base.
  *
- * An adapter is a set of low-rank pairs per layer and projection:
- *   y = W x + scale * B (A x),  A: rank x in,  B: out x rank.
+ * An adapter is a sparse map from the base's weight ids (lp_model.weights)
+ * to low-rank pairs: y = W x + scale * B (A x),  A: rank x in,  B: out x rank.
  * It is read from a native .lpa file, a Hugging Face PEFT directory
- * (adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF LoRA,
- * validated against the base it is loaded for, and converted to this one
- * in-memory form with the base's conventions applied (q/k row order of GGUF
- * llama bases, folded norm gains). The forward pass applies it per batch row
- * via the row's adapter slot. Ranks may differ between adapters and between
- * projections. */
+ * (adapter_config.json + adapter_model.safetensors) or a llama.cpp GGUF LoRA
+ * by mapping each tensor name through the base's weight names, validated
+ * against the base, and converted to this one in-memory form with the base's
+ * conventions applied (rotary row order, folded norm gains). The forward
+ * pass applies it per batch row via the row's adapter slot. Ranks and
+ * targets may differ between adapters and between weights. */
 #ifndef LP_ADAPTER_H
 #define LP_ADAPTER_H
 
 #include "../formats/lpa.h"
 #include "model.h"
 
-typedef enum lp_proj {
-    LP_PROJ_Q, LP_PROJ_K, LP_PROJ_V, LP_PROJ_O, LP_PROJ_GATE, LP_PROJ_UP, LP_PROJ_DOWN,
-    LP_PROJ_COUNT
-} lp_proj;
-
-/* "q", "k", "v", "o", "gate", "up", "down" */
-const char *lp_proj_name(lp_proj p);
-
 typedef struct lp_lora_pair {
-    int rank;            /* 0: this projection has no adapter */
+    int weight;          /* weight id in the base; -1 in lp_adapter_inspect */
+    char name[96];       /* the base weight's GGUF name ("blk.3.attn_q.weight") */
+    int rank;
     float scale;         /* alpha / rank (or alpha / sqrt(rank) for rsLoRA) x user scale */
     lp_weight A;         /* rows = rank, cols = in  (F32, F16, or packed W8/W4) */
     lp_weight B;         /* rows = out,  cols = rank (F32, F16; packed: round32(rank),
@@ -36,8 +30,9 @@ struct lp_adapter {
     char base_name[256];     /* the base it was trained on, as the file says ("" if unknown) */
     const char *format;      /* "lpa", "peft", "gguf" */
     const lp_model *base;    /* NULL for lp_adapter_inspect */
-    int n_layers;
-    lp_lora_pair *pairs;     /* [n_layers * LP_PROJ_COUNT] */
+    int n_pairs;
+    lp_lora_pair *pairs;     /* [n_pairs] by weight id (inspect: by name) */
+    int32_t *index;          /* [base->n_weights] pair of each weight id or -1; NULL without a base */
     int max_rank;
     uint64_t bytes;          /* bytes of A and B */
     uint64_t tag;            /* content hash (never 0): KV made with this adapter is
@@ -48,9 +43,17 @@ struct lp_adapter {
     lp_mapped_file file;
 };
 
-static inline lp_lora_pair *lp_adapter_pair(const lp_adapter *a, int layer, lp_proj p) {
-    return &a->pairs[(size_t)layer * LP_PROJ_COUNT + (size_t)p];
+/* The pair of weight id w, or NULL where the adapter leaves w alone. */
+static inline const lp_lora_pair *lp_adapter_pair(const lp_adapter *a, int w) {
+    int i = a->index[w];
+    return i >= 0 ? &a->pairs[i] : NULL;
 }
+
+/* Weight id of a GGUF weight name ("blk.3.attn_q.weight") or a Hugging Face
+ * module name ("model.layers.3.self_attn.q_proj") of m; -1 if m has no
+ * adaptable weight of that name. */
+int lp_model_weight_by_name(const lp_model *m, const char *name);
+int lp_model_weight_by_module(const lp_model *m, const char *module);
 
 /* The adapter's identity (a->tag): a hash of every shape, scale and weight
  * byte, never 0. */
@@ -69,13 +72,10 @@ lp_adapter *lp_adapter_load_lpa_memory(const lp_model *model, const void *data,
                                        size_t size, const char *what, float scale,
                                        lp_error *err);
 /* For the writers in the tools library (src/tools/adapter_write.c): the
- * base description an .lpa file records, the base weight of a projection,
- * a name copy that keeps whole UTF-8 characters, and "blk.N.<proj>.weight"
- * -> layer, projection. */
+ * base description an .lpa file records, and a name copy that keeps whole
+ * UTF-8 characters. */
 lp_lpa_base lp_adapter_lpa_base(const lp_model *m);
-const lp_weight *lp_adapter_base_weight(const lp_model *m, int layer, lp_proj p);
 void lp_adapter_copy_name(char *dst, size_t cap, const char *src, size_t len);
-bool lp_adapter_parse_base_name(const char *name, int *layer, lp_proj *proj);
 
 /* ---- PEFT adapter_config.json (exposed for the fuzzer) ---- */
 struct cJSON;

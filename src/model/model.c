@@ -355,7 +355,7 @@ int lp_model_finish(lp_model *m, lp_error *err) {
     if (lp_tokenizer_n_vocab(m->tok) > hp->n_vocab)
         return lp_fail(err, "%s: tokenizer has %d tokens but the embedding only %d rows",
                        m->path, lp_tokenizer_n_vocab(m->tok), hp->n_vocab);
-    return 0;
+    return lp_arch_describe(m, err);
 }
 
 /* ---- public accessors ---------------------------------------------------------- */

@@ -10,7 +10,7 @@
 #include "../formats/safetensors.h"
 #include "../kernels/kernels.h"
 #include "../tokenizer/tokenizer.h"
-#include "arch.h"
+#include "../arch/arch.h"
 
 typedef struct lp_layer {
     /* Per-projection weights. In a layer with fused projections these are
@@ -29,6 +29,19 @@ typedef struct lp_layer {
     const float *bq, *bk, *bv;           /* qwen2 biases or NULL */
     const float *q_norm, *k_norm;        /* qwen3 per-head RMS gains [head_dim] or NULL */
 } lp_layer;
+
+/* A weight adapters may target. Its weight id is its index in
+ * lp_model.weights; the architecture declares and names them (src/arch/).
+ * Adapters are keyed by weight id, and files reach it through the names. */
+typedef struct lp_model_weight {
+    char name[96];          /* GGUF tensor name, "blk.3.attn_q.weight" */
+    char hf_name[96];       /* Hugging Face module, "model.layers.3.self_attn.q_proj" */
+    const lp_weight *w;     /* [out][in] (a row view into a fused weight) */
+    const float *in_gain;   /* [in] norm gain folded into w's columns (norms_folded):
+                               adapters fold it into A; NULL if none */
+    bool rope_rows;         /* rows pair up for rotary: their order differs between
+                               GGUF llama and Hugging Face files */
+} lp_model_weight;
 
 typedef struct lp_hparams {
     lp_arch arch;
@@ -51,6 +64,8 @@ struct lp_model {
     float *rope_inv_freq;   /* [head_dim/2]: theta^(-2i/d) / freq_factor[i] */
     bool has_freq_factors;
     lp_layer *layers;
+    lp_model_weight *weights; /* [n_weights] the adaptable weights, by weight id */
+    int n_weights;
 
     lp_tokenizer *tok;
 

@@ -3,6 +3,7 @@
 #include "adapter_write.h"
 
 #include <math.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -79,21 +80,21 @@ int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_er
     if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
     if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16 && dtype != LP_W8 && dtype != LP_W4)
         return lp_fail(err, "%s: .lpa data must be F32, F16, W8 or W4", path);
-    size_t n_slots = (size_t)a->n_layers * LP_PROJ_COUNT;
-    lp_lpa_entry *es = calloc(n_slots ? n_slots : 1, sizeof *es);
-    void **tmps = calloc(n_slots * 2 + 1, sizeof *tmps);
+    size_t n_pairs = (size_t)a->n_pairs;
+    lp_lpa_entry *es = calloc(n_pairs ? n_pairs : 1, sizeof *es);
+    void **tmps = calloc(n_pairs * 2 + 1, sizeof *tmps);
     int rc = es && tmps ? 0 : lp_fail(err, "out of memory");
     uint32_t n = 0;
-    for (size_t s = 0; s < n_slots && rc == 0; s++) {
+    for (size_t s = 0; s < n_pairs && rc == 0; s++) {
         const lp_lora_pair *p = &a->pairs[s];
-        if (p->rank == 0) continue;
         uint32_t type = dtype == -1 ? p->A.type : (uint32_t)dtype;
         /* W8 groups are 32 wide: a projection whose input is not (stories260K's
          * 172-wide down) keeps F16 */
         if ((type == LP_W8 || type == LP_W4) && p->A.cols % 32) type = LP_F16;
         lp_lpa_entry *e = &es[n++];
-        e->layer = (uint32_t)(s / LP_PROJ_COUNT);
-        e->proj = (uint32_t)(s % LP_PROJ_COUNT);
+        snprintf(e->tensor, sizeof e->tensor, "%s", p->name);
+        e->in = (uint64_t)p->A.cols;
+        e->out = (uint64_t)p->B.rows;
         e->rank = (uint32_t)p->rank;
         e->dtype = type;
         e->scale = p->scale;
@@ -105,7 +106,90 @@ int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_er
         lp_lpa_base base = lp_adapter_lpa_base(a->base);
         rc = lp_lpa_write(path, &base, a->name, a->base_name, es, n, err);
     }
-    for (size_t i = 0; tmps && i < n_slots * 2; i++) lp_free(tmps[i]);
+    for (size_t i = 0; tmps && i < n_pairs * 2; i++) lp_free(tmps[i]);
+    free(tmps);
+    free(es);
+    return rc;
+}
+
+/* ---- concatenation: the all-adapters baseline ---------------------------------------------- */
+
+/* One weight's pairs of every adapter as one pair of their summed rank:
+ * A rows stacked, B columns side by side with each adapter's scale folded
+ * in. Written as `type` (packed types need inputs that are multiples of 32). */
+static int concat_pair(const lp_adapter *const *as, int n, int w, uint32_t type, lp_lpa_entry *e, void **tmp,
+                       const char *path, lp_error *err) {
+    int rank = 0;
+    int64_t in = 0, out = 0;
+    for (int k = 0; k < n; k++) {
+        const lp_lora_pair *p = lp_adapter_pair(as[k], w);
+        if (!p) continue;
+        rank += p->rank;
+        in = p->A.cols;
+        out = p->B.rows;
+    }
+    lp_weight A = {.type = LP_F32, .rows = rank, .cols = in, .row_bytes = (size_t)in * sizeof(float)};
+    lp_weight B = {.type = LP_F32, .rows = out, .cols = rank, .row_bytes = (size_t)rank * sizeof(float)};
+    float *fa = lp_alloc((size_t)rank * (size_t)in * sizeof(float)), *fb = lp_alloc((size_t)out * (size_t)rank * sizeof(float));
+    float *row = lp_alloc(((size_t)rank + 32) * sizeof(float)); /* a B row, packed padding included */
+    int rc = fa && fb && row ? 0 : lp_fail(err, "out of memory");
+    for (int k = 0, at = 0; k < n && rc == 0; k++) {
+        const lp_lora_pair *p = lp_adapter_pair(as[k], w);
+        if (!p) continue;
+        for (int r = 0; r < p->rank; r++) lp_weight_dequantize_row(&p->A, r, fa + (size_t)(at + r) * (size_t)in);
+        for (int64_t o = 0; o < out; o++) {
+            lp_weight_dequantize_row(&p->B, o, row);
+            for (int r = 0; r < p->rank; r++) fb[o * rank + at + r] = p->scale * row[r];
+        }
+        at += p->rank;
+    }
+    A.data = fa;
+    B.data = fb;
+    if ((type == LP_W8 || type == LP_W4) && in % 32) type = LP_F16;
+    if (rc == 0) {
+        *e = (lp_lpa_entry){.rank = (uint32_t)rank, .dtype = type, .scale = 1.0f, .in = (uint64_t)in,
+                            .out = (uint64_t)out};
+        snprintf(e->tensor, sizeof e->tensor, "%s", as[0]->base->weights[w].name);
+        e->a = as_type(&A, in, type, &tmp[0], path, err);
+        e->b = e->a ? as_type(&B, rank, type, &tmp[1], path, err) : NULL;
+        if (!e->a || !e->b) rc = -1;
+        /* halves already of the type are used as they are: tmp owns them */
+        if (e->a == fa) {
+            tmp[0] = fa;
+            fa = NULL;
+        }
+        if (e->b == fb) {
+            tmp[1] = fb;
+            fb = NULL;
+        }
+    }
+    lp_free(fa);
+    lp_free(fb);
+    lp_free(row);
+    return rc;
+}
+
+int lp_adapter_write_concat(const lp_adapter *const *adapters, int n, const char *path, lp_error *err) {
+    if (n < 1 || !adapters[0]->base) return lp_fail(err, "%s: concatenation needs adapters loaded for a base", path);
+    const lp_model *base = adapters[0]->base;
+    for (int k = 1; k < n; k++)
+        if (adapters[k]->base != base) return lp_fail(err, "%s: the adapters are for different bases", path);
+    lp_lpa_entry *es = calloc((size_t)base->n_weights + 1, sizeof *es);
+    void **tmps = calloc(2 * (size_t)base->n_weights + 2, sizeof *tmps);
+    int rc = es && tmps ? 0 : lp_fail(err, "out of memory");
+    uint32_t m = 0;
+    uint32_t type = adapters[0]->n_pairs ? adapters[0]->pairs[0].A.type : LP_F32;
+    for (int w = 0; w < base->n_weights && rc == 0; w++) {
+        bool any = false;
+        for (int k = 0; k < n; k++) any |= lp_adapter_pair(adapters[k], w) != NULL;
+        if (any) rc = concat_pair(adapters, n, w, type, &es[m], &tmps[2 * m], path, err);
+        if (any && rc == 0) m++;
+    }
+    if (rc == 0) {
+        lp_lpa_base b = lp_adapter_lpa_base(base);
+        rc = lp_lpa_write(path, &b, "concatenated", adapters[0]->base_name, es, m, err);
+    }
+    for (size_t i = 0; tmps && i < 2 * (size_t)base->n_weights + 2; i++) lp_free(tmps[i]);
     free(tmps);
     free(es);
     return rc;
@@ -160,22 +244,19 @@ int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, in
         const lp_gguf_tensor *t = lp_gguf_tensor_at(g, i);
         char name[192];
         lp_adapter_copy_name(name, sizeof name, t->name.ptr, t->name.len);
-        int layer;
-        lp_proj proj;
+        int wid = lp_model_weight_by_name(base, name);
         bool adapted = false;
-        if (lp_adapter_parse_base_name(name, &layer, &proj) && layer < base->hp.n_layers)
-            for (int k = 0; k < n; k++)
-                if (lp_adapter_pair(adapters[k], layer, proj)->rank > 0) adapted = true;
+        for (int k = 0; k < n && wid >= 0; k++) adapted |= lp_adapter_pair(adapters[k], wid) != NULL;
         if (!adapted) {
             lp_gguf_writer_add_tensor(w, name, t->type, t->n_dims, t->dims, t->data, t->n_bytes);
             continue;
         }
-        const lp_weight *bw = lp_adapter_base_weight(base, layer, proj);
+        const lp_weight *bw = base->weights[wid].w;
         float *W = to_f32(bw);
         if (!W) rc = lp_fail(err, "out of memory merging %s", name);
         for (int k = 0; k < n && rc == 0; k++) {
-            const lp_lora_pair *p = lp_adapter_pair(adapters[k], layer, proj);
-            if (p->rank > 0 && add_low_rank(W, p, bw->rows, bw->cols))
+            const lp_lora_pair *p = lp_adapter_pair(adapters[k], wid);
+            if (p && add_low_rank(W, p, bw->rows, bw->cols))
                 rc = lp_fail(err, "out of memory merging %s", name);
         }
         if (rc == 0) {

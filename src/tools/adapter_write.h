@@ -10,6 +10,11 @@
  * projection whose input width is not a multiple of 32 is written as F16),
  * or -1 to keep each pair's type. */
 int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err);
+/* Writes one .lpa whose pair for each weight is every adapter's pair
+ * stacked (summed rank, each scale folded into its B columns, the first
+ * adapter's dtype): running it on a row costs what running all n on that
+ * row costs, the frozen-graph baseline with every adapter compiled in. */
+int lp_adapter_write_concat(const lp_adapter *const *adapters, int n, const char *path, lp_error *err);
 /* Writes `base` (a GGUF base) with W' = W + scale * B A of every adapter
  * folded in: adapted projections as F32, everything else as stored, all
  * metadata copied. The per-task merged baseline. */

@@ -9,7 +9,7 @@
 #include <stdint.h>
 
 #include "../base/base.h"
-#include "../model/arch.h"
+#include "../arch/arch.h"
 
 typedef struct lp_synth_params {
     lp_arch arch;

@@ -14,16 +14,16 @@
 /* The LoRA shape of an adapter: one rank, one alpha/rank scale and one set
  * of target projections in every layer (what our trainer's config holds). */
 int lp_train_config_from_adapter(const lp_adapter *a, lp_train_config *c, lp_error *err) {
-    if (a->n_layers != c->n_layers)
-        return lp_fail(err, "%s: %d layers, the base has %d", a->name, a->n_layers, c->n_layers);
+    if (!a->base || a->base->hp.n_layers != c->n_layers)
+        return lp_fail(err, "%s: not loaded for a base of %d layers", a->name, c->n_layers);
     int rank = 0;
     float scale = 0;
     uint32_t targets = 0;
-    for (int l = 0; l < a->n_layers; l++) {
+    for (int l = 0; l < c->n_layers; l++) {
         uint32_t here = 0;
         for (int p = 0; p < LP_PROJ_COUNT; p++) {
-            const lp_lora_pair *pair = lp_adapter_pair(a, l, (lp_proj)p);
-            if (pair->rank == 0) continue;
+            const lp_lora_pair *pair = lp_llama_pair(a, l, (lp_proj)p);
+            if (!pair) continue;
             here |= 1u << p;
             if (!rank) {
                 rank = pair->rank;
@@ -48,7 +48,7 @@ int lp_train_config_from_adapter(const lp_adapter *a, lp_train_config *c, lp_err
 int lp_train_lora_from_adapter(lp_train_model *m, const lp_adapter *a, lp_error *err) {
     const lp_train_config *c = &m->cfg;
     int64_t widest_b = 0; /* a packed B row is wider than the rank */
-    for (int i = 0; i < c->n_layers * LP_PROJ_COUNT; i++)
+    for (int i = 0; i < a->n_pairs; i++)
         if (a->pairs[i].B.cols > widest_b) widest_b = a->pairs[i].B.cols;
     float *row = lp_alloc((size_t)(widest_b > 0 ? widest_b : 1) * sizeof(float));
     if (!row) return lp_fail(err, "out of memory");
@@ -57,10 +57,10 @@ int lp_train_lora_from_adapter(lp_train_model *m, const lp_adapter *a, lp_error 
         for (int p = 0; p < LP_PROJ_COUNT && rc == 0; p++) {
             float *A = m->w.layers[l].lora_a[p], *B = m->w.layers[l].lora_b[p];
             if (!A) continue;
-            const lp_lora_pair *pair = lp_adapter_pair(a, l, (lp_proj)p);
+            const lp_lora_pair *pair = lp_llama_pair(a, l, (lp_proj)p);
             int r = c->lora_rank;
             size_t in = lp_t_lora_rows_in(c, p), out = lp_t_lora_rows_out(c, p);
-            if (pair->rank != r || (size_t)pair->A.cols != in || (size_t)pair->B.rows != out) {
+            if (!pair || pair->rank != r || (size_t)pair->A.cols != in || (size_t)pair->B.rows != out) {
                 rc = lp_fail(err, "%s: layer %d projection %d does not match the trainer's shapes", a->name, l, p);
                 break;
             }

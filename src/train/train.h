@@ -31,7 +31,8 @@
 
 #include "../base/base.h"
 #include "../kernels/kernels.h"
-#include "../model/adapter.h"   /* lp_proj */
+#include "../arch/llama.h"     /* lp_proj */
+#include "../model/adapter.h"
 #include "../tokenizer/tokenizer.h"
 
 /* ---- configuration -------------------------------------------------------- */

@@ -3,6 +3,9 @@
 
 #include <string.h>
 
+#include "llama.h"
+#include "../runtime/context.h"
+
 static const char *const arch_names[] = {
     [LP_ARCH_LLAMA] = "llama",
     [LP_ARCH_QWEN2] = "qwen2",
@@ -25,4 +28,11 @@ int lp_arch_from_name(const char *name, lp_arch *out) {
         }
     }
     return -1;
+}
+
+int lp_arch_describe(struct lp_model *m, lp_error *err) { return lp_llama_describe(m, err); }
+
+const struct lp_graph *lp_arch_graph(lp_arch a) {
+    (void)a; /* llama, mistral, qwen2 and qwen3 are one graph with options */
+    return &lp_llama_graph;
 }
