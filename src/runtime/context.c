@@ -9,17 +9,17 @@
 #define KV_BLOCK_TOKENS 32
 
 lp_context_params lp_context_default_params(void) {
-    lp_context_params p = {0};
-    p.n_threads = 0;
-    p.max_rows = 512;
-    p.max_sequences = 16;
-    p.max_logit_rows = 64;
-    p.n_ctx = 0;
-    p.max_seq_len = 0;
-    p.max_adapters = 8;
-    p.max_adapter_rank = 256;
-    p.max_embd_tables = 4;
-    return p;
+    return (lp_context_params){
+        .n_threads = 0,          /* all cores (lp_default_threads) */
+        .max_rows = 512,
+        .max_sequences = 16,
+        .max_logit_rows = 64,
+        .n_ctx = 0,              /* the model's training context, at most 4096 */
+        .max_seq_len = 0,        /* n_ctx */
+        .max_adapters = 8,
+        .max_adapter_rank = 256,
+        .max_embd_tables = 4,
+    };
 }
 
 /* ---- the plan arena ------------------------------------------------------------------ */
