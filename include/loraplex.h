@@ -264,6 +264,9 @@ lp_adapter *lp_adapter_load(const lp_model *model, const char *path, float scale
 void lp_adapter_free(lp_adapter *adapter);
 const char *lp_adapter_name(const lp_adapter *adapter);
 uint64_t lp_adapter_bytes(const lp_adapter *adapter);
+/* The largest rank of its pairs (contexts take adapters up to their
+ * max_adapter_rank). */
+int lp_adapter_max_rank(const lp_adapter *adapter);
 /* A hash of everything that shapes the adapter's output: every weight byte,
  * shape and scale (the load-time scale included). Never 0; KV made with one
  * adapter is only reused for an adapter with the same identity. */

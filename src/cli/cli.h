@@ -3,6 +3,7 @@
 #define LP_CLI_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 
 #include "loraplex.h"
@@ -21,6 +22,12 @@ int cli_eval_tasks(int argc, char **argv);
 int cli_info(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_synth(int argc, char **argv);
+int cli_serve(int argc, char **argv);
+
+/* The demo world's folder (models/demo: base.gguf and the adapters folder of .lpa files):
+ * LORAPLEX_DEMO_DIR, else models/demo beside the executable or above it,
+ * else in the current directory. */
+bool cli_find_demo_dir(char *out, size_t cap);
 
 /* Option parsing: each returns false (after printing why) on a bad value. */
 bool cli_int(const char *opt, const char *text, long min, long max, long *out);

@@ -38,7 +38,7 @@ static bool is_demo_dir(const char *dir) {
 /* LORAPLEX_DEMO_DIR, else models/demo in the executable's folder or one of
  * its parents (a build folder inside the source tree), else in the current
  * directory. */
-static bool find_demo_dir(char *out, size_t cap) {
+bool cli_find_demo_dir(char *out, size_t cap) {
     const char *env = getenv("LORAPLEX_DEMO_DIR");
     if (env && env[0]) {
         snprintf(out, cap, "%s", env);
@@ -395,7 +395,7 @@ int cli_demo(int argc, char **argv) {
         }
     }
     char dir[PATH_MAX];
-    if (!find_demo_dir(dir, sizeof dir)) {
+    if (!cli_find_demo_dir(dir, sizeof dir)) {
         fprintf(stderr, "loraplex demo: no demo world artifacts found (models/demo, or set "
                         "LORAPLEX_DEMO_DIR); running stories260K instead\n\n");
         return stories_demo();

@@ -16,6 +16,7 @@ static void usage(FILE *out) {
             "commands:\n"
             "  demo      the built-in demonstration            (loraplex demo)\n"
             "  run       generate text from a prompt          (loraplex run -m MODEL -p TEXT)\n"
+            "  serve     OpenAI-compatible server and chat page (loraplex serve [-m MODEL])\n"
             "  info      describe a model file                (loraplex info MODEL)\n"
             "  tokenize  print the tokens of a text           (loraplex tokenize MODEL TEXT)\n"
             "  adapter   inspect, compile or merge LoRA adapters (loraplex adapter info PATH)\n"
@@ -60,6 +61,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return cli_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     fprintf(stderr, "loraplex: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

@@ -121,6 +121,7 @@ void lp_adapter_free(lp_adapter *a) {
 
 const char *lp_adapter_name(const lp_adapter *a) { return a->name; }
 uint64_t lp_adapter_bytes(const lp_adapter *a) { return a->bytes; }
+int lp_adapter_max_rank(const lp_adapter *a) { return a->max_rank; }
 uint64_t lp_adapter_identity(const lp_adapter *a) { return a ? a->tag : 0; }
 
 /* An adapter with room for n pairs (and, with a base, its weight index). */

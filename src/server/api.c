@@ -1,0 +1,470 @@
+/* OpenAI request bodies in, response bodies and stream chunks out (api.h).
+ * Every field is checked for its type and range; a body that fails gets a
+ * message naming the field, for a 400. */
+#include "api.h"
+
+#include <cjson/cJSON.h>
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../base/base.h"
+
+/* ---- parsing --------------------------------------------------------------------------- */
+
+typedef struct parse {
+    lp_api_request *r;
+    char *msg;
+    size_t cap;
+} parse;
+
+static int bad(parse *p, const char *fmt, ...) __attribute__((format(printf, 2, 3)));
+static int bad(parse *p, const char *fmt, ...) {
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(p->msg, p->cap, fmt, ap);
+    va_end(ap);
+    return -1;
+}
+
+static bool utf8_ok(const char *s) { return lp_utf8_valid((const uint8_t *)s, strlen(s)); }
+
+/* A string field: absent leaves *out; present must be a valid UTF-8 string. */
+static int get_string(parse *p, const cJSON *o, const char *key, const char **out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsString(v)) return bad(p, "'%s' must be a string", key);
+    if (!utf8_ok(v->valuestring)) return bad(p, "'%s' is not valid UTF-8", key);
+    *out = v->valuestring;
+    return 0;
+}
+
+static int get_number(parse *p, const cJSON *o, const char *key, double lo, double hi, double *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsNumber(v) || !isfinite(v->valuedouble)) return bad(p, "'%s' must be a number", key);
+    if (v->valuedouble < lo || v->valuedouble > hi) return bad(p, "'%s' must be in [%g, %g]", key, lo, hi);
+    *out = v->valuedouble;
+    return 0;
+}
+
+static int get_int(parse *p, const cJSON *o, const char *key, double lo, double hi, int *out) {
+    double d = *out;
+    if (get_number(p, o, key, lo, hi, &d)) return -1;
+    if (d != floor(d)) return bad(p, "'%s' must be an integer", key);
+    *out = (int)d;
+    return 0;
+}
+
+static int get_bool(parse *p, const cJSON *o, const char *key, bool *out) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsBool(v)) return bad(p, "'%s' must be true or false", key);
+    *out = cJSON_IsTrue(v);
+    return 0;
+}
+
+static char *own(lp_api_request *r, size_t bytes) {
+    char **grown = realloc(r->owned, (size_t)(r->n_owned + 1) * sizeof *grown);
+    if (!grown) return NULL;
+    r->owned = grown;
+    char *s = malloc(bytes);
+    if (s) r->owned[r->n_owned++] = s;
+    return s;
+}
+
+/* A message's content: a string, or an array of {"type": "text", "text": ...}
+ * parts joined. */
+static int message_content(parse *p, const cJSON *c, int i, const char **out) {
+    if (cJSON_IsString(c)) {
+        if (!utf8_ok(c->valuestring)) return bad(p, "messages[%d].content is not valid UTF-8", i);
+        *out = c->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsArray(c)) return bad(p, "messages[%d].content must be a string or an array of text parts", i);
+    size_t total = 1;
+    const cJSON *part;
+    cJSON_ArrayForEach(part, c) {
+        const cJSON *type = cJSON_GetObjectItemCaseSensitive(part, "type");
+        const cJSON *text = cJSON_GetObjectItemCaseSensitive(part, "text");
+        if (!cJSON_IsString(type) || strcmp(type->valuestring, "text") || !cJSON_IsString(text))
+            return bad(p, "messages[%d].content: only {\"type\": \"text\", \"text\": ...} parts are supported", i);
+        if (!utf8_ok(text->valuestring)) return bad(p, "messages[%d].content is not valid UTF-8", i);
+        total += strlen(text->valuestring);
+    }
+    char *s = own(p->r, total);
+    if (!s) return bad(p, "out of memory");
+    s[0] = 0;
+    size_t at = 0;
+    cJSON_ArrayForEach(part, c) {
+        const char *t = cJSON_GetObjectItemCaseSensitive(part, "text")->valuestring;
+        size_t n = strlen(t);
+        memcpy(s + at, t, n + 1);
+        at += n;
+    }
+    *out = s;
+    return 0;
+}
+
+static int parse_messages(parse *p, const cJSON *root) {
+    const cJSON *ms = cJSON_GetObjectItemCaseSensitive(root, "messages");
+    if (!cJSON_IsArray(ms)) return bad(p, "'messages' must be an array");
+    int n = cJSON_GetArraySize(ms);
+    if (n < 1 || n > LP_API_MAX_MESSAGES) return bad(p, "'messages' must have 1 to %d entries", LP_API_MAX_MESSAGES);
+    p->r->messages = calloc((size_t)n, sizeof *p->r->messages);
+    if (!p->r->messages) return bad(p, "out of memory");
+    int i = 0;
+    const cJSON *m;
+    cJSON_ArrayForEach(m, ms) {
+        if (!cJSON_IsObject(m)) return bad(p, "messages[%d] must be an object", i);
+        const cJSON *role = cJSON_GetObjectItemCaseSensitive(m, "role");
+        if (!cJSON_IsString(role) || !utf8_ok(role->valuestring))
+            return bad(p, "messages[%d].role must be a string", i);
+        const char *r = role->valuestring;
+        if (strcmp(r, "system") && strcmp(r, "user") && strcmp(r, "assistant") && strcmp(r, "developer"))
+            return bad(p, "messages[%d].role \"%.40s\" is not system, developer, user or assistant", i, r);
+        const cJSON *content = cJSON_GetObjectItemCaseSensitive(m, "content");
+        if (!content) return bad(p, "messages[%d] has no content", i);
+        p->r->messages[i].role = strcmp(r, "developer") ? r : "system";
+        if (message_content(p, content, i, &p->r->messages[i].content)) return -1;
+        i++;
+    }
+    p->r->n_messages = n;
+    return 0;
+}
+
+/* "prompt": a string, or an array of token ids. */
+static int parse_prompt(parse *p, const cJSON *root) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "prompt");
+    if (cJSON_IsString(v)) {
+        if (!utf8_ok(v->valuestring)) return bad(p, "'prompt' is not valid UTF-8");
+        p->r->prompt = v->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsArray(v)) return bad(p, "'prompt' must be a string or an array of token ids");
+    int n = cJSON_GetArraySize(v);
+    if (n < 1 || n > LP_API_MAX_PROMPT_TOKENS) return bad(p, "'prompt' must have 1 to %d tokens", LP_API_MAX_PROMPT_TOKENS);
+    p->r->prompt_tokens = malloc((size_t)n * sizeof(int32_t));
+    if (!p->r->prompt_tokens) return bad(p, "out of memory");
+    int i = 0;
+    const cJSON *t;
+    cJSON_ArrayForEach(t, v) {
+        if (!cJSON_IsNumber(t) || t->valuedouble != floor(t->valuedouble) || t->valuedouble < 0 ||
+            t->valuedouble > INT32_MAX)
+            return bad(p, "prompt[%d] must be a token id (a non-negative integer)", i);
+        p->r->prompt_tokens[i++] = (int32_t)t->valuedouble;
+    }
+    p->r->n_prompt_tokens = n;
+    return 0;
+}
+
+static int parse_stop(parse *p, const cJSON *root) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "stop");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (cJSON_IsString(v)) {
+        if (!utf8_ok(v->valuestring)) return bad(p, "'stop' is not valid UTF-8");
+        if (v->valuestring[0]) p->r->stop[p->r->n_stop++] = v->valuestring;
+        return 0;
+    }
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > LP_API_MAX_STOP)
+        return bad(p, "'stop' must be a string or an array of at most %d strings", LP_API_MAX_STOP);
+    const cJSON *s;
+    cJSON_ArrayForEach(s, v) {
+        if (!cJSON_IsString(s) || !utf8_ok(s->valuestring)) return bad(p, "'stop' entries must be strings");
+        if (s->valuestring[0]) p->r->stop[p->r->n_stop++] = s->valuestring;
+    }
+    return 0;
+}
+
+/* Fields we do not implement yet are refused when they would change the
+ * output, rather than silently ignored. */
+static int refuse_unsupported(parse *p, const cJSON *root) {
+    double pen = 0;
+    if (get_number(p, root, "presence_penalty", -2, 2, &pen)) return -1;
+    if (pen != 0) return bad(p, "'presence_penalty' is not supported yet (use repeat_penalty)");
+    if (get_number(p, root, "frequency_penalty", -2, 2, &pen)) return -1;
+    if (pen != 0) return bad(p, "'frequency_penalty' is not supported yet (use repeat_penalty)");
+    const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
+    if (bias && !cJSON_IsNull(bias) && !(cJSON_IsObject(bias) && !bias->child))
+        return bad(p, "'logit_bias' is not supported yet");
+    const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
+    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0))
+        return bad(p, "'logprobs' is not supported yet");
+    return 0;
+}
+
+static int parse_lora(parse *p, const cJSON *root) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "lora");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) > 1)
+        return bad(p, "'lora' must be an array of at most one {\"id\": i, \"scale\": s} (one adapter a request)");
+    const cJSON *e = cJSON_GetArrayItem(v, 0);
+    if (!e) return 0;
+    if (!cJSON_IsObject(e)) return bad(p, "'lora' entries must be objects");
+    int id = -1;
+    double scale = 1;
+    if (get_int(p, e, "id", 0, 4095, &id) || get_number(p, e, "scale", -1e6, 1e6, &scale)) return -1;
+    if (id < 0) return bad(p, "'lora' entries need an 'id'");
+    if (scale == 0) return 0; /* llama.cpp: scale 0 turns the adapter off */
+    if (scale != 1) return bad(p, "'lora' scale must be 0 or 1 here (adapters are loaded with their scale)");
+    p->r->lora_id = id;
+    return 0;
+}
+
+static int parse_choice_models(parse *p, const cJSON *root) {
+    const cJSON *v = cJSON_GetObjectItemCaseSensitive(root, "choice_models");
+    if (!v || cJSON_IsNull(v)) return 0;
+    if (!cJSON_IsArray(v) || cJSON_GetArraySize(v) != p->r->n)
+        return bad(p, "'choice_models' must be an array of n (%d) adapter names", p->r->n);
+    int i = 0;
+    const cJSON *s;
+    cJSON_ArrayForEach(s, v) {
+        if (!cJSON_IsString(s) || !utf8_ok(s->valuestring)) return bad(p, "'choice_models' entries must be strings");
+        p->r->choice_models[i++] = s->valuestring;
+    }
+    return 0;
+}
+
+static int parse_fields(parse *p, const cJSON *root, lp_api_kind kind) {
+    lp_api_request *r = p->r;
+    if (!cJSON_IsObject(root)) return bad(p, "the body must be a JSON object");
+    if (get_string(p, root, "model", &r->model)) return -1;
+    if (kind == LP_API_CHAT ? parse_messages(p, root) : parse_prompt(p, root)) return -1;
+    if (get_int(p, root, "max_tokens", 0, 1 << 24, &r->max_tokens) ||
+        get_int(p, root, "max_completion_tokens", 0, 1 << 24, &r->max_tokens) ||
+        get_int(p, root, "n", 1, LP_API_MAX_N, &r->n) || get_bool(p, root, "stream", &r->stream) ||
+        get_bool(p, root, "echo", &r->echo))
+        return -1;
+    const cJSON *so = cJSON_GetObjectItemCaseSensitive(root, "stream_options");
+    if (so && !cJSON_IsNull(so)) {
+        if (!cJSON_IsObject(so)) return bad(p, "'stream_options' must be an object");
+        if (get_bool(p, so, "include_usage", &r->include_usage)) return -1;
+    }
+    lp_sampler_params *s = &r->sampling;
+    double t = s->temperature, top_p = s->top_p, min_p = s->min_p, rp = s->repeat_penalty, seed = 0;
+    int top_k = s->top_k;
+    if (get_number(p, root, "temperature", 0, 2, &t) || get_number(p, root, "top_p", 0, 1, &top_p) ||
+        get_int(p, root, "top_k", 0, 1 << 20, &top_k) || get_number(p, root, "min_p", 0, 1, &min_p) ||
+        get_number(p, root, "repeat_penalty", 0, 10, &rp))
+        return -1;
+    if (top_p <= 0) return bad(p, "'top_p' must be greater than 0");
+    const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "seed");
+    if (sv && !cJSON_IsNull(sv)) {
+        if (get_number(p, root, "seed", -9007199254740991.0, 9007199254740991.0, &seed)) return -1;
+        if (seed != floor(seed)) return bad(p, "'seed' must be an integer");
+        s->seed = (uint64_t)(int64_t)seed;
+        r->seed_set = true;
+    }
+    s->temperature = (float)t;
+    s->top_p = (float)top_p;
+    s->top_k = top_k;
+    s->min_p = (float)min_p;
+    s->repeat_penalty = (float)rp;
+    if (parse_stop(p, root) || refuse_unsupported(p, root) || parse_lora(p, root) || parse_choice_models(p, root))
+        return -1;
+    return 0;
+}
+
+int lp_api_parse(const char *body, size_t len, lp_api_kind kind, lp_api_request *out, char *msg, size_t cap) {
+    memset(out, 0, sizeof *out);
+    out->kind = kind;
+    out->model = "";
+    out->max_tokens = -1;
+    out->n = 1;
+    out->lora_id = -1;
+    out->sampling = lp_sampler_default_params();
+    parse p = {.r = out, .msg = msg, .cap = cap};
+    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return bad(&p, "the body is not valid JSON");
+    out->root = root;
+    if (parse_fields(&p, root, kind)) {
+        lp_api_request_free(out);
+        return -1;
+    }
+    return 0;
+}
+
+void lp_api_request_free(lp_api_request *r) {
+    cJSON_Delete(r->root);
+    free(r->messages);
+    free(r->prompt_tokens);
+    for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
+    free(r->owned);
+    memset(r, 0, sizeof *r);
+}
+
+/* ---- output ---------------------------------------------------------------------------- */
+
+void lp_sbuf_add(lp_sbuf *b, const char *s, size_t n) {
+    if (b->failed) return;
+    if (b->len + n + 1 > b->cap) {
+        size_t cap = b->cap ? b->cap : 256;
+        while (cap < b->len + n + 1) cap *= 2;
+        char *grown = realloc(b->data, cap);
+        if (!grown) {
+            b->failed = true;
+            return;
+        }
+        b->data = grown;
+        b->cap = cap;
+    }
+    memcpy(b->data + b->len, s, n);
+    b->len += n;
+    b->data[b->len] = 0;
+}
+
+void lp_sbuf_printf(lp_sbuf *b, const char *fmt, ...) {
+    char small[512];
+    va_list ap;
+    va_start(ap, fmt);
+    int n = vsnprintf(small, sizeof small, fmt, ap);
+    va_end(ap);
+    if (n < 0) {
+        b->failed = true;
+        return;
+    }
+    if ((size_t)n < sizeof small) {
+        lp_sbuf_add(b, small, (size_t)n);
+        return;
+    }
+    char *big = malloc((size_t)n + 1);
+    if (!big) {
+        b->failed = true;
+        return;
+    }
+    va_start(ap, fmt);
+    vsnprintf(big, (size_t)n + 1, fmt, ap);
+    va_end(ap);
+    lp_sbuf_add(b, big, (size_t)n);
+    free(big);
+}
+
+void lp_sbuf_json_string(lp_sbuf *b, const char *s, size_t n) {
+    lp_sbuf_lit(b, "\"");
+    size_t run = 0;
+    for (size_t i = 0; i < n; i++) {
+        unsigned char c = (unsigned char)s[i];
+        if (c >= 0x20 && c != '"' && c != '\\') continue;
+        lp_sbuf_add(b, s + run, i - run);
+        run = i + 1;
+        char esc[8];
+        switch (c) {
+        case '"': lp_sbuf_lit(b, "\\\""); break;
+        case '\\': lp_sbuf_lit(b, "\\\\"); break;
+        case '\n': lp_sbuf_lit(b, "\\n"); break;
+        case '\r': lp_sbuf_lit(b, "\\r"); break;
+        case '\t': lp_sbuf_lit(b, "\\t"); break;
+        default:
+            snprintf(esc, sizeof esc, "\\u%04x", c);
+            lp_sbuf_add(b, esc, 6);
+        }
+    }
+    lp_sbuf_add(b, s + run, n - run);
+    lp_sbuf_lit(b, "\"");
+}
+
+void lp_sbuf_free(lp_sbuf *b) {
+    free(b->data);
+    memset(b, 0, sizeof *b);
+}
+
+void lp_api_error_body(lp_sbuf *b, const char *message, const char *type) {
+    lp_sbuf_lit(b, "{\"error\":{\"message\":");
+    lp_sbuf_json_string(b, message, strlen(message));
+    lp_sbuf_printf(b, ",\"type\":\"%s\",\"param\":null,\"code\":null}}", type);
+}
+
+static void meta_head(lp_sbuf *b, const lp_api_meta *m, const char *object) {
+    lp_sbuf_printf(b, "{\"id\":\"%s\",\"object\":\"%s\",\"created\":%lld,\"model\":", m->id, object,
+                   (long long)m->created);
+    lp_sbuf_json_string(b, m->model, strlen(m->model));
+}
+
+static void usage(lp_sbuf *b, int prompt, int completion) {
+    lp_sbuf_printf(b, "\"usage\":{\"prompt_tokens\":%d,\"completion_tokens\":%d,\"total_tokens\":%d}", prompt,
+                   completion, prompt + completion);
+}
+
+static void finish(lp_sbuf *b, const char *reason) {
+    if (reason) lp_sbuf_printf(b, "\"finish_reason\":\"%s\"", reason);
+    else lp_sbuf_lit(b, "\"finish_reason\":null");
+}
+
+void lp_api_response(lp_sbuf *b, const lp_api_meta *m, const lp_api_choice *choices, int n) {
+    bool chat = m->kind == LP_API_CHAT;
+    meta_head(b, m, chat ? "chat.completion" : "text_completion");
+    lp_sbuf_lit(b, ",\"choices\":[");
+    int generated = 0;
+    for (int i = 0; i < n; i++) {
+        lp_sbuf_printf(b, "%s{\"index\":%d,", i ? "," : "", i);
+        if (chat) {
+            lp_sbuf_lit(b, "\"message\":{\"role\":\"assistant\",\"content\":");
+            lp_sbuf_json_string(b, choices[i].text, choices[i].len);
+            lp_sbuf_lit(b, "},");
+        } else {
+            lp_sbuf_lit(b, "\"text\":");
+            lp_sbuf_json_string(b, choices[i].text, choices[i].len);
+            lp_sbuf_lit(b, ",");
+        }
+        lp_sbuf_lit(b, "\"logprobs\":null,");
+        finish(b, choices[i].finish_reason);
+        lp_sbuf_lit(b, "}");
+        generated += choices[i].n_generated;
+    }
+    lp_sbuf_lit(b, "],");
+    usage(b, m->prompt_tokens, generated);
+    lp_sbuf_lit(b, "}");
+}
+
+void lp_api_chunk(lp_sbuf *b, const lp_api_meta *m, int index, bool role, const char *text, size_t len,
+                  const char *finish_reason) {
+    bool chat = m->kind == LP_API_CHAT;
+    lp_sbuf_lit(b, "data: ");
+    meta_head(b, m, chat ? "chat.completion.chunk" : "text_completion");
+    lp_sbuf_printf(b, ",\"choices\":[{\"index\":%d,", index);
+    if (chat) {
+        lp_sbuf_lit(b, "\"delta\":{");
+        if (role) lp_sbuf_lit(b, "\"role\":\"assistant\",");
+        if (text || role) {
+            lp_sbuf_lit(b, "\"content\":");
+            lp_sbuf_json_string(b, text ? text : "", text ? len : 0);
+        }
+        lp_sbuf_lit(b, "},");
+    } else {
+        lp_sbuf_lit(b, "\"text\":");
+        lp_sbuf_json_string(b, text ? text : "", text ? len : 0);
+        lp_sbuf_lit(b, ",");
+    }
+    lp_sbuf_lit(b, "\"logprobs\":null,");
+    finish(b, finish_reason);
+    lp_sbuf_lit(b, "}]}\n\n");
+}
+
+void lp_api_usage_chunk(lp_sbuf *b, const lp_api_meta *m, int completion_tokens) {
+    lp_sbuf_lit(b, "data: ");
+    meta_head(b, m, m->kind == LP_API_CHAT ? "chat.completion.chunk" : "text_completion");
+    lp_sbuf_lit(b, ",\"choices\":[],");
+    usage(b, m->prompt_tokens, completion_tokens);
+    lp_sbuf_lit(b, "}\n\n");
+}
+
+void lp_api_done(lp_sbuf *b) { lp_sbuf_lit(b, "data: [DONE]\n\n"); }
+
+size_t lp_api_utf8_whole(const char *s, size_t n) {
+    size_t i = n;
+    /* back over continuation bytes to the last lead byte */
+    while (i > 0 && n - i < 4 && ((unsigned char)s[i - 1] & 0xC0) == 0x80) i--;
+    if (i == 0) return n; /* no lead byte: invalid anyway, send as is */
+    unsigned char lead = (unsigned char)s[i - 1];
+    size_t want = lead < 0x80 ? 1 : (lead & 0xE0) == 0xC0 ? 2 : (lead & 0xF0) == 0xE0 ? 3 : (lead & 0xF8) == 0xF0 ? 4 : 1;
+    return n - (i - 1) >= want ? n : i - 1;
+}
+
+const char *lp_api_finish_reason(const char *stop_reason) {
+    if (!stop_reason) return NULL;
+    if (!strcmp(stop_reason, "length") || !strcmp(stop_reason, "context")) return "length";
+    return "stop";
+}

@@ -1,0 +1,126 @@
+#!/usr/bin/env bash
+# `loraplex serve` end to end on the demo world: curl for the raw HTTP and
+# SSE framing, a corpus of malformed requests (each a 4xx, the server keeps
+# serving), the official openai client (tests/server/openai.mjs: answers equal
+# `loraplex run`, streaming, n > 1, 64 concurrent clients with cancellations),
+# no RSS growth across a second load, and a clean stop on SIGINT.
+#   The openai client needs `npm ci --prefix tests/server` (.ci/run does it);
+#   without it the test fails when LORAPLEX_REQUIRE_NODE=1 (CI), else skips
+#   that part and says so.
+set -u
+bin="$1"; models="$2"; work="$3/cli_serve_tmp"
+src="$(cd "$(dirname "$0")/.." && pwd)"
+demo="$src/models/demo"
+mkdir -p "$work"
+fail=0; pass=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*" >&2; fail=$((fail+1)); }
+
+if "$bin" serve --help 2>&1 | grep -q "no server"; then
+  echo "FAIL: this build has no server (libmicrohttpd-dev missing)" >&2; exit 1
+fi
+key=test-key-123
+"$bin" serve -m "$demo/base.gguf" --adapter-dir "$demo/adapters" --port 0 -t 2 --api-key "$key" \
+  >"$work/out" 2>"$work/log" &
+pid=$!
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+if [ -z "$port" ]; then echo "FAIL: the server did not start:"; cat "$work/log"; kill $pid; exit 1; fi
+url="http://127.0.0.1:$port"
+auth=(-H "Authorization: Bearer $key")
+# status code and body of a request
+req() { curl -s -o "$work/body" -w '%{http_code}' "$@"; }
+
+[ "$(req "$url/health")" = 200 ] && ok || bad "health"
+[ "$(req "$url/")" = 200 ] && grep -q "<title>loraplex</title>" "$work/body" && ok || bad "the page"
+[ "$(req "$url/v1/models")" = 401 ] && grep -q '"error"' "$work/body" && ok || bad "no key: 401"
+[ "$(req "${auth[@]}" "$url/v1/models")" = 200 ] && [ "$(grep -o '"parent":"base"' "$work/body" | wc -l)" = 8 ] &&
+  ok || bad "models: $(cat "$work/body")"
+
+# a completion equals loraplex run (which prints the text and a newline)
+prompt=$(head -1 "$demo/eval/tasks/correct.eval.jsonl" | sed 's/.*"prompt":"\([^"]*\)".*/\1/')
+body="{\"model\":\"correct\",\"prompt\":\"$prompt\",\"max_tokens\":24,\"temperature\":0}"
+[ "$(req "${auth[@]}" "$url/v1/completions" -d "$body")" = 200 ] && ok || bad "completion"
+node_text() { python3 -c 'import json,sys; sys.stdout.write(json.load(open(sys.argv[1]))["choices"][0]["text"])' "$1"; }
+printf '%s\n' "$(node_text "$work/body")" >"$work/server.txt"
+printf '%b' "$prompt" >"$work/prompt.txt"
+"$bin" run -m "$demo/base.gguf" --adapter "$demo/adapters/correct.lpa" -f "$work/prompt.txt" -n 24 --temp 0 \
+  >"$work/run.txt" 2>/dev/null
+cmp -s "$work/server.txt" "$work/run.txt" && ok || bad "server != run: $(cat "$work/server.txt") vs $(cat "$work/run.txt")"
+
+# SSE framing: data: lines and blank lines only, one id, role first,
+# finish_reason, usage, [DONE] last; the deltas join to the same text
+body="{\"model\":\"correct\",\"messages\":[{\"role\":\"user\",\"content\":\"$prompt\"}],\"max_tokens\":24,\"temperature\":0,\"stream\":true,\"stream_options\":{\"include_usage\":true}}"
+curl -sN "${auth[@]}" "$url/v1/chat/completions" -d "$body" >"$work/sse"
+python3 - "$work/sse" "$work/server.txt" <<'EOF' && ok || bad "SSE framing"
+import json, sys
+raw = open(sys.argv[1], encoding="utf-8").read()
+want = open(sys.argv[2], encoding="utf-8").read()[:-1]
+events = raw.split("\n\n")
+assert events[-1] == "" and events[-2] == "data: [DONE]", events[-3:]
+chunks = [json.loads(e[6:]) for e in events[:-2]]
+assert all(e.startswith("data: ") and "\n" not in e for e in events[:-1])
+assert len({c["id"] for c in chunks}) == 1
+assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+assert chunks[-1]["choices"] == [] and chunks[-1]["usage"]["completion_tokens"] > 0
+assert chunks[-2]["choices"][0]["finish_reason"] in ("stop", "length")
+text = "".join(c["choices"][0]["delta"].get("content", "") for c in chunks[:-1])
+assert text == want, (text, want)
+EOF
+
+# malformed requests: each a 4xx with an error body
+c=/v1/completions
+check4xx() { # name want-code curl-args...
+  local name=$1 want=$2; shift 2
+  local got; got=$(req "${auth[@]}" "$@")
+  [ "$got" = "$want" ] && grep -q '"error":{"message"' "$work/body" && ok || bad "$name: $got $(head -c 200 "$work/body")"
+}
+check4xx "truncated JSON" 400 "$url$c" -d '{"prompt": "a", "max_tok'
+check4xx "not an object" 400 "$url$c" -d '[1,2]'
+check4xx "wrong type" 400 "$url$c" -d '{"prompt": 5}'
+check4xx "huge number" 400 "$url$c" -d '{"prompt": "a", "max_tokens": 1e300}'
+check4xx "negative n" 400 "$url$c" -d '{"prompt": "a", "n": -1}'
+check4xx "token out of vocab" 400 "$url$c" -d '{"prompt": [1, 99999999]}'
+check4xx "messages missing" 400 "$url/v1/chat/completions" -d '{"model": "correct"}'
+check4xx "bad role" 400 "$url/v1/chat/completions" -d '{"messages": [{"role": "robot", "content": "x"}]}'
+printf '{"prompt": "\xff\xfe"}' >"$work/badutf8"
+check4xx "invalid UTF-8" 400 "$url$c" --data-binary @"$work/badutf8"
+check4xx "lone surrogate" 400 "$url$c" -d '{"prompt": "\ud800"}'
+check4xx "traversal model name" 404 "$url$c" -d '{"prompt": "a", "model": "../../etc/passwd"}'
+check4xx "unknown lora id" 404 "$url$c" -d '{"prompt": "a", "lora": [{"id": 99, "scale": 1}]}'
+check4xx "logprobs not yet" 400 "$url$c" -d '{"prompt": "a", "logprobs": 2}'
+head -c 10000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt": "/; s/$/"}/' >"$work/big"
+check4xx "10 MB body" 413 "$url$c" --data-binary @"$work/big"
+long=$(head -c 40000 /dev/zero | tr '\0' 'x' | sed 's/x/la /g')
+printf '{"prompt": "%s"}' "$long" >"$work/long"
+check4xx "prompt over the context" 400 "$url$c" --data-binary @"$work/long"
+check4xx "no route" 404 "$url/v2/nothing"
+check4xx "wrong method" 405 "$url$c" -X GET
+[ "$(req "$url/health")" = 200 ] && ok || bad "serving after the bad requests"
+
+# the official openai client
+rss() { awk '/VmRSS/ {print $2}' "/proc/$pid/status"; }
+if [ -d "$src/tests/server/node_modules/openai" ] && command -v node >/dev/null; then
+  node "$src/tests/server/openai.mjs" "$port" "$bin" "$demo" "$key" && ok || bad "openai client"
+  rss1=$(rss)
+  node "$src/tests/server/openai.mjs" "$port" "$bin" "$demo" "$key" >/dev/null && ok || bad "openai client, again"
+  rss2=$(rss)
+  [ "$rss2" -le $((rss1 + 8192)) ] && ok || bad "RSS grew from $rss1 to $rss2 KiB over a second load"
+elif [ "${LORAPLEX_REQUIRE_NODE:-0}" = 1 ]; then
+  bad "the openai client is not installed (npm ci --prefix tests/server)"
+else
+  echo "cli_serve: SKIPPED the openai client part (run npm ci --prefix tests/server)"
+fi
+
+grep -q "POST /v1/completions 200" "$work/log" && ok || bad "a log line per request"
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] && grep -q "stopping" "$work/log" && ok || bad "SIGINT: rc=$rc $(tail -3 "$work/log")"
+
+echo "cli_serve: $pass passed, $fail failed"
+[ $fail -eq 0 ]
