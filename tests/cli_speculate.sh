@@ -3,7 +3,8 @@
 # greedy speculative output (random forecasts, prompt lookup, both; with and
 # without an adapter; stop strings; JSON text lines) is byte for byte the
 # plain output; -v and --json report the speculation; sampling falls back
-# to plain decoding with a message; bad files are refused naming the file.
+# to plain decoding with a message; bad files are refused naming the file;
+# train-forecast (smoke) writes files that speculate exactly as well.
 set -u
 bin="$1"; models="$2"; work="$3/cli_speculate_tmp"
 mkdir -p "$work"
@@ -58,6 +59,25 @@ if [ -s "$work/tiny.gguf" ]; then
 fi
 out=$("$bin" run -m "$m" -p "x" -n 5 --temp 0 --speculate "$work/r.lpf" --tree 3,x 2>"$work/err"); rc=$?
 [ $rc -eq 2 ] && ok || bad "bad --tree accepted: rc=$rc"
+
+# train-forecast smoke test: self-distillation writes a valid file whose
+# speculation again prints exactly the plain output
+printf '%s\n' '{"prompt":"Once upon a time"}' '{"prompt":"One day"}' '{"prompt":"Tom and his dog"}' \
+  '{"prompt":"Lily wanted to"}' '{"prompt":"The sun was"}' '{"prompt":"Mom said"}' >"$work/prompts.jsonl"
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --steps 12 --batch 4 --continue 24 \
+  --eval 2 -t 1 -o "$work/t.lpf" 2>"$work/err" && [ -s "$work/t.lpf" ] \
+  && grep -q "held-out tokens per pass" "$work/err" && ok || { bad "train-forecast"; cat "$work/err" >&2; }
+"$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 >"$work/plain" 2>/dev/null
+"$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 --speculate "$work/t.lpf" >"$work/spec" 2>/dev/null
+cmp -s "$work/plain" "$work/spec" && ok || bad "trained forecast: output differs"
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" --adapter "$lora" -k 2 --steps 4 --batch 2 \
+  --continue 16 -t 1 -o "$work/ta.lpf" 2>"$work/err" && ok || { bad "train-forecast --adapter"; cat "$work/err" >&2; }
+"$bin" run -m "$m" --adapter "$lora" -p "One day" -n 50 --temp 0 -t 1 >"$work/plain" 2>/dev/null
+"$bin" run -m "$m" --adapter "$lora" -p "One day" -n 50 --temp 0 -t 1 --speculate "$work/ta.lpf" --lookup 2 >"$work/spec" 2>/dev/null
+cmp -s "$work/plain" "$work/spec" && ok || bad "adapter-trained forecast: output differs"
+echo '{"text":"no prompt"}' >"$work/bad.jsonl"
+"$bin" train-forecast --base "$m" --data "$work/bad.jsonl" -k 2 -o "$work/x.lpf" 2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "bad.jsonl:1" "$work/err" && ok || bad "bad prompts file: rc=$rc"
 
 rm -rf "$work"
 echo "cli_speculate: $pass passed, $fail failed"

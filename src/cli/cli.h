@@ -22,6 +22,7 @@ int cli_info(int argc, char **argv);
 int cli_tokenize(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_forecast_random(int argc, char **argv);
+int cli_train_forecast(int argc, char **argv);
 
 /* Option parsing: each returns false (after printing why) on a bad value. */
 bool cli_int(const char *opt, const char *text, long min, long max, long *out);
