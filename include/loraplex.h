@@ -509,7 +509,12 @@ const char *lp_forecast_adapter_name(const lp_forecast *f); /* "" for the base *
 
 /* How a request speculates (lp_request.speculate). Greedy only for now: a
  * speculative request must sample with temperature 0 and without a
- * borrowed sampler, else lp_engine_submit refuses it (LP_ERR_INVALID). */
+ * borrowed sampler, else lp_engine_submit refuses it (LP_ERR_INVALID).
+ * The engine binds forecast sets to the context's embedding tables
+ * (1..max_embd_tables) while requests use them; rows it cannot fit (rows,
+ * logit rows, sequence length) are left out, which only lowers acceptance.
+ * The context needs logit rows for them: (1 + nodes) x (1 + depth) per
+ * request, e.g. 30 for {3, 2}. */
 typedef struct lp_speculate {
     const lp_forecast *forecast; /* NULL: no forecast rows (prompt lookup only);
                                     must outlive the request */

@@ -446,6 +446,47 @@ static void test_preempt(const lp_model *m) {
     lp_forecast_free(f);
 }
 
+/* Little room: few rows and logit rows per batch (trees cut short, forecast
+ * rows left out) and a short sequence limit (the request ends with
+ * "context" inside a path). Output and KV length still equal plain. */
+static void test_tight(const lp_model *m) {
+    lp_error err;
+    lp_forecast *f = random_forecast(m, 3, 9, 0.5f);
+    lp_speculate s = lp_speculate_default();
+    s.forecast = f, s.depth = 3, s.branches[0] = 3, s.branches[1] = 2, s.branches[2] = 2;
+    s.lookup_ngram = 2, s.lookup_len = 10;
+    int shapes[][3] = {{16, 8, 512}, {4, 2, 512}, {64, 64, 40}, {64, 64, 34}, {3, 3, 36}};
+    for (int k = 0; k < 5; k++) {
+        for (int p = 0; p < N_PROMPTS; p++) {
+            result *res[2];
+            int len[2];
+            for (int v = 0; v < 2; v++) {
+                lp_context_params cp = lp_context_default_params();
+                cp.n_threads = 2;
+                cp.max_rows = shapes[k][0];
+                cp.max_logit_rows = shapes[k][1];
+                cp.max_sequences = 1;
+                cp.n_ctx = 1024;
+                cp.max_seq_len = shapes[k][2];
+                lp_context *ctx = lp_context_create(m, &cp, &err);
+                CHECK_MSG(ctx != NULL, "%s", err.message);
+                res[v] = calloc(1, sizeof *res[v]);
+                job j = {PROMPTS[p], NULL, v ? &s : NULL, 100, NULL};
+                run_one(ctx, &j, res[v]);
+                len[v] = lp_seq_length(ctx, 0);
+                lp_context_free(ctx);
+            }
+            CHECK_MSG(same(res[0], res[1]) && len[0] == len[1],
+                      "rows %d, logit rows %d, sequence limit %d, prompt %d: speculative (%d tokens, %s, KV %d) != "
+                      "plain (%d, %s, KV %d)", shapes[k][0], shapes[k][1], shapes[k][2], p, res[1]->n,
+                      res[1]->stats.stop_reason, len[1], res[0]->n, res[0]->stats.stop_reason, len[0]);
+            free(res[0]);
+            free(res[1]);
+        }
+    }
+    lp_forecast_free(f);
+}
+
 /* The engine refuses what it cannot do exactly. */
 static void test_refusals(const lp_model *m) {
     lp_error err;
@@ -643,6 +684,7 @@ int main(void) {
     test_cut_mid_path(m);
     test_mixed(m, lora, half);
     test_preempt(m);
+    test_tight(m);
     test_refusals(m);
     if (s) {
         test_tree_rows_bitwise(s);

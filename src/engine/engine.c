@@ -59,6 +59,7 @@ typedef struct request {
     int cand_row[LP_SPEC_MAX_NODES];    /* this step: a candidate's row (-1: not placed) */
     int fc_row[LP_SPEC_MAX_NODES + 1];  /* this step: first forecast row after the root
                                            ([0]) or candidate i ([i + 1]); -1: none */
+    int step_depth;        /* this step: forecast rows in each of those chains */
     lp_spec_stats spec_stats;
 } request;
 
@@ -771,7 +772,6 @@ static int add_spec_rows(lp_engine *e, request *r, int n, int *n_logits) {
         e->row_req[n++] = id;
         rows_left--;
         logits_left--;
-        r->spec_stats.n_tree_rows++;
         if (m > 0 && m <= rows_left && m <= logits_left && pos + m < e->max_seq_len) {
             r->fc_row[c + 1] = n;
             n += add_forecast_rows(e, r, id, n, n - 1, m);
@@ -779,8 +779,7 @@ static int add_spec_rows(lp_engine *e, request *r, int n, int *n_logits) {
             logits_left -= m;
         }
     }
-    for (int c = 0; c <= LP_SPEC_MAX_NODES; c++)
-        if (r->fc_row[c] >= 0) r->spec_stats.n_forecast_rows += m;
+    r->step_depth = m;
     *n_logits += n - start;
     return n - start;
 }
@@ -872,6 +871,9 @@ static int spec_after(lp_engine *e, request *r, lp_error *err) {
     bool pruned = false;
     int placed = 0;
     for (int c = 0; c < r->n_cand; c++) placed += r->cand_row[c] >= 0;
+    r->spec_stats.n_tree_rows += placed;
+    for (int c = 0; c <= r->n_cand; c++)
+        if (r->fc_row[c] >= 0) r->spec_stats.n_forecast_rows += r->step_depth;
     for (;;) {
         int32_t tok = choose(e, r, lp_logits(e->ctx, cur_row), n_hist + a, gen + a, &pruned);
         toks[a] = tok;
