@@ -6,7 +6,8 @@
  *   - greedy speculative decoding == plain greedy decoding, token for token
  *     and text for text, on stories260K (with and without an adapter) and
  *     on a synth model, with random forecast embeddings (acceptance near
- *     zero), prompt lookup, both, stop strings and max_tokens cut mid-path;
+ *     zero), prompt lookup, both, stop strings and max_tokens cut mid-path,
+ *     a repetition penalty, tight row / logit-row / length limits;
  *   - the KV a speculative request leaves equals plain decoding's: same
  *     length, same entries, bit-identical logits for a next row;
  *   - several speculative requests with different adapters and forecast
@@ -487,6 +488,34 @@ static void test_tight(const lp_model *m) {
     lp_forecast_free(f);
 }
 
+/* Greedy with a repetition penalty: the choice depends on the history,
+ * which speculation extends token by token exactly as plain decoding. */
+static void test_repeat_penalty(const lp_model *m) {
+    lp_error err;
+    lp_speculate s = lp_speculate_default();
+    s.lookup_ngram = 2, s.lookup_len = 8;
+    for (int p = 0; p < N_PROMPTS; p++) {
+        result *res[2];
+        for (int v = 0; v < 2; v++) {
+            lp_context *ctx = make_ctx(m, 1);
+            lp_engine *e = lp_engine_create(ctx, NULL, &err);
+            res[v] = calloc(1, sizeof *res[v]);
+            job j = {PROMPTS[p], NULL, v ? &s : NULL, 80, NULL};
+            lp_request q = make_request(&j, res[v]);
+            q.sampling.repeat_penalty = 1.3f;
+            q.sampling.repeat_last_n = 16;
+            int id = lp_engine_submit(e, &q, &err);
+            CHECK_MSG(id >= 0 && lp_engine_run(e, &err) == 0, "%s", err.message);
+            take_result(e, id, res[v]);
+            lp_engine_free(e);
+            lp_context_free(ctx);
+        }
+        CHECK_MSG(same(res[0], res[1]), "repeat penalty, prompt %d: speculative differs from plain", p);
+        free(res[0]);
+        free(res[1]);
+    }
+}
+
 /* The engine refuses what it cannot do exactly. */
 static void test_refusals(const lp_model *m) {
     lp_error err;
@@ -685,6 +714,7 @@ int main(void) {
     test_mixed(m, lora, half);
     test_preempt(m);
     test_tight(m);
+    test_repeat_penalty(m);
     test_refusals(m);
     if (s) {
         test_tree_rows_bitwise(s);
