@@ -422,6 +422,8 @@ typedef struct lp_request {
     bool drop_kv;               /* free the KV when done instead of caching it */
     lp_request_fn fn;
     void *user;
+    const struct lp_speculate *speculate; /* NULL: one token per step; else
+                                   speculative decoding (below; copied at submit) */
 } lp_request;
 
 /* max_tokens 128, stop_at_eog, first_token -1, sampling defaults. */
@@ -473,6 +475,76 @@ const int32_t *lp_engine_request_tokens(const lp_engine *engine, int request, in
 void lp_engine_release(lp_engine *engine, int request);
 /* Forward passes run (all steps) and rows computed, for reports. */
 void lp_engine_counts(const lp_engine *engine, int64_t *steps, int64_t *rows);
+
+/* ---- speculative decoding: forecast embeddings, trees, prompt lookup ------- */
+
+/* DS2D-style self-speculation without a draft model (docs/speculate.md).
+ * A forecast set is k learned input embeddings (an .lpf file) trained for
+ * one base and optionally one adapter: fed after a real token as rows of a
+ * bound embedding table, their logits guess the tokens after the next one.
+ * The engine then verifies those guesses as a tree of rows in the next
+ * batch and commits only the accepted path (lp_commit_rows); forecast rows
+ * and rejected rows are never committed, so no real token ever attends to
+ * them and greedy output is token for token that of plain decoding. */
+typedef struct lp_forecast lp_forecast;
+
+/* Loads and validates an .lpf file (errors name the file). */
+lp_forecast *lp_forecast_load(const char *path, lp_error *err);
+/* The same from an image in memory; `what` names it in messages. */
+lp_forecast *lp_forecast_from_memory(const void *data, size_t size, const char *what,
+                                     lp_error *err);
+/* A forecast set of k embeddings (k x dim floats, copied) for this model,
+ * recording its fingerprint and the adapter name (NULL / "": the base). */
+lp_forecast *lp_forecast_create(const lp_model *model, int k, const float *embd,
+                                const char *adapter_name, lp_error *err);
+int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err);
+void lp_forecast_free(lp_forecast *f);
+/* 0 if the set fits the model (width, vocabulary and base fingerprint);
+ * else LP_ERR_FORMAT saying what differs. */
+int lp_forecast_check(const lp_forecast *f, const lp_model *model, lp_error *err);
+int lp_forecast_k(const lp_forecast *f);
+int lp_forecast_dim(const lp_forecast *f);
+const float *lp_forecast_data(const lp_forecast *f);        /* [k][dim] */
+const char *lp_forecast_adapter_name(const lp_forecast *f); /* "" for the base */
+
+#define LP_SPEC_MAX_DEPTH 8
+#define LP_SPEC_MAX_NODES 64
+
+/* How a request speculates (lp_request.speculate). Greedy only for now: a
+ * speculative request must sample with temperature 0 and without a
+ * borrowed sampler, else lp_engine_submit refuses it (LP_ERR_INVALID).
+ * The engine binds forecast sets to the context's embedding tables
+ * (1..max_embd_tables) while requests use them; rows it cannot fit (rows,
+ * logit rows, sequence length) are left out, which only lowers acceptance.
+ * The context needs logit rows for them: (1 + nodes) x (1 + depth) per
+ * request, e.g. 30 for {3, 2}. */
+typedef struct lp_speculate {
+    const lp_forecast *forecast; /* NULL: no forecast rows (prompt lookup only);
+                                    must outlive the request */
+    int depth;                   /* forecast rows after every tree node, 0..min(k, 8) */
+    int branches[LP_SPEC_MAX_DEPTH]; /* candidates taken at each depth from the
+                                    forecast logits: {3, 2} is 3 first tokens x 2
+                                    second ones (9 nodes), {1, 1, 1} a chain of 3 */
+    int lookup_ngram;            /* > 0: prompt lookup: find the latest earlier
+                                    occurrence of the last n..1 tokens ... */
+    int lookup_len;              /* ... and propose the (at most) lookup_len tokens
+                                    that followed it, as one more branch */
+    int max_nodes;               /* candidate nodes per step (0: LP_SPEC_MAX_NODES) */
+} lp_speculate;
+
+/* forecast NULL, depth 0, prompt lookup off. */
+lp_speculate lp_speculate_default(void);
+
+typedef struct lp_spec_stats {
+    int n_passes;      /* forwards that produced at least one of its tokens */
+    int n_generated;   /* tokens it generated (= lp_request_stats.n_generated) */
+    int n_drafted;     /* candidate tokens verified (tree nodes) */
+    int n_accepted;    /* of them accepted (tokens beyond one per pass) */
+    int n_forecast_rows, n_tree_rows; /* rows it added for them */
+} lp_spec_stats;
+
+/* Speculation counters of a request (zeros for a plain one). */
+int lp_engine_request_spec_stats(const lp_engine *engine, int request, lp_spec_stats *stats);
 
 #ifdef __cplusplus
 }

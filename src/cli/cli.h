@@ -28,6 +28,8 @@ int cli_serve(int argc, char **argv);
  * LORAPLEX_DEMO_DIR, else models/demo beside the executable or above it,
  * else in the current directory. */
 bool cli_find_demo_dir(char *out, size_t cap);
+int cli_forecast_random(int argc, char **argv);
+int cli_train_forecast(int argc, char **argv);
 
 /* Option parsing: each returns false (after printing why) on a bad value. */
 bool cli_int(const char *opt, const char *text, long min, long max, long *out);

@@ -47,6 +47,13 @@ static void run_usage(FILE *out) {
             "      --temps T1,T2,...   per-stream temperatures\n"
             "      --json              JSON lines: {\"stream\":i,\"text\":...} as produced, then\n"
             "                          {\"stream\":i,\"done\":true,\"stop\":...}\n"
+            "speculative decoding (greedy only: needs --temp 0; prints exactly the plain output):\n"
+            "      --speculate F.lpf   forecast embeddings (loraplex forecast-random, train-forecast)\n"
+            "      --tree B1,B2,...    candidates per depth from the forecast rows (default 3,2,\n"
+            "                          cut to the file's k); 1,1,1,1 is a chain of 4\n"
+            "      --lookup N[:L]      also propose the L tokens (default 8) that followed the\n"
+            "                          latest earlier match of the last N..1 tokens (prompt lookup);\n"
+            "                          works without --speculate too\n"
             "  -v, --verbose           print settings and timings to stderr\n");
 }
 
@@ -58,6 +65,7 @@ typedef struct run_options {
     bool seed_set, chat, no_bos, echo, verbose, json, seed_top, kv_f32;
     double seed_top_min_p;
     const char *adapter, *adapters, *suffixes, *temps;
+    const char *speculate, *tree, *lookup;
     lp_sampler_params sampling;
 } run_options;
 
@@ -83,6 +91,9 @@ static int parse_run(int argc, char **argv, run_options *o) {
         else if (!strcmp(a, "--adapters")) { VALUE(); o->adapters = v; }
         else if (!strcmp(a, "--suffixes")) { VALUE(); o->suffixes = v; }
         else if (!strcmp(a, "--temps")) { VALUE(); o->temps = v; }
+        else if (!strcmp(a, "--speculate")) { VALUE(); o->speculate = v; }
+        else if (!strcmp(a, "--tree")) { VALUE(); o->tree = v; }
+        else if (!strcmp(a, "--lookup")) { VALUE(); o->lookup = v; }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VALUE(); if (!cli_int(a, v, 0, 1 << 24, &o->n_predict)) return -1;
         } else if (!strcmp(a, "--streams")) {
@@ -241,6 +252,147 @@ static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const
     return tokens;
 }
 
+/* ---- speculative decoding ----------------------------------------------------------------- */
+
+/* --tree and --lookup into sp (forecast set already loaded, or NULL). */
+static int parse_speculate(const run_options *o, const lp_forecast *f, lp_speculate *sp) {
+    *sp = lp_speculate_default();
+    sp->forecast = f;
+    int k = f ? lp_forecast_k(f) : 0;
+    if (f) {
+        int def[2] = {3, 2}, n = 0;
+        if (o->tree) {
+            const char *p = o->tree;
+            while (*p) {
+                char *end;
+                long b = strtol(p, &end, 10);
+                if (end == p || b < 1 || b > LP_SPEC_MAX_NODES || n == LP_SPEC_MAX_DEPTH) {
+                    fprintf(stderr, "loraplex run: --tree wants up to %d counts 1..%d, like 3,2\n", LP_SPEC_MAX_DEPTH,
+                            LP_SPEC_MAX_NODES);
+                    return -1;
+                }
+                sp->branches[n++] = (int)b;
+                p = *end == ',' ? end + 1 : end;
+                if (*end && *end != ',') {
+                    fprintf(stderr, "loraplex run: --tree: bad list '%s'\n", o->tree);
+                    return -1;
+                }
+            }
+        } else {
+            for (; n < 2; n++) sp->branches[n] = def[n];
+        }
+        sp->depth = n < k ? n : k;
+    } else if (o->tree) {
+        fprintf(stderr, "loraplex run: --tree needs --speculate F.lpf\n");
+        return -1;
+    }
+    if (o->lookup) {
+        char *end;
+        long g = strtol(o->lookup, &end, 10), len = 8;
+        if (*end == ':') len = strtol(end + 1, &end, 10);
+        if (*end || g < 1 || g > 16 || len < 1 || len > LP_SPEC_MAX_NODES) {
+            fprintf(stderr, "loraplex run: --lookup wants N (1..16) or N:L (L 1..%d)\n", LP_SPEC_MAX_NODES);
+            return -1;
+        }
+        sp->lookup_ngram = (int)g;
+        sp->lookup_len = (int)len;
+    }
+    return 0;
+}
+
+static void tree_text(const lp_speculate *sp, char *buf, size_t cap) {
+    size_t n = 0;
+    buf[0] = 0;
+    if (sp->depth > 0) {
+        n += (size_t)snprintf(buf + n, cap - n, "forecast [");
+        for (int d = 0; d < sp->depth && n < cap; d++)
+            n += (size_t)snprintf(buf + n, cap - n, "%s%d", d ? "," : "", sp->branches[d]);
+        if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "]");
+    }
+    if (sp->lookup_ngram > 0 && n < cap)
+        n += (size_t)snprintf(buf + n, cap - n, "%slookup %d:%d", n ? " + " : "", sp->lookup_ngram, sp->lookup_len);
+    if (n == 0) snprintf(buf, cap, "none");
+}
+
+/* One greedy request on the engine with speculation; the same text, stops
+ * and summary line as the plain path. */
+static int run_speculative(lp_context *ctx, const run_options *o, const int32_t *prompt, int n_prompt,
+                           const lp_adapter *adapter, const lp_adapter *prefix_adapter, const lp_speculate *sp,
+                           printer *out, lp_error *err) {
+    lp_engine *e = lp_engine_create(ctx, NULL, err);
+    if (!e) return cli_fail("engine", err);
+    lp_request q = lp_request_default();
+    q.prompt = prompt;
+    q.n_prompt = n_prompt;
+    q.adapter = adapter;
+    /* as lp_generate_streams does: the last prompt token under the stream's own adapter */
+    q.prefix_adapter = prefix_adapter;
+    q.n_prefix = adapter == prefix_adapter ? n_prompt : n_prompt - 1;
+    q.sampling = o->sampling;
+    q.sampling.seed = (uint64_t)o->seed;
+    q.max_tokens = (int)o->n_predict;
+    q.stop = o->stop;
+    q.n_stop = o->n_stop;
+    q.stop_at_eog = true;
+    q.fn = print_text;
+    q.user = out;
+    q.speculate = sp;
+    int id = lp_engine_submit(e, &q, err);
+    if (id < 0) {
+        lp_engine_free(e);
+        return cli_fail("speculative request", err);
+    }
+    double t0 = lp_now_seconds(), t1 = t0;
+    int64_t steps0 = 0;
+    lp_request_stats rs;
+    bool prefilled = false;
+    for (;;) {
+        int left = lp_engine_step(e, err);
+        if (left < 0) {
+            lp_engine_free(e);
+            return cli_fail("generation failed", err);
+        }
+        lp_engine_request_stats(e, id, &rs);
+        if (!prefilled && (rs.done || rs.n_generated > 0)) {
+            prefilled = true;
+            t1 = lp_now_seconds();
+            lp_engine_counts(e, &steps0, NULL);
+        }
+        if (left == 0) break;
+    }
+    double t2 = lp_now_seconds();
+    lp_spec_stats ss;
+    lp_engine_request_spec_stats(e, id, &ss);
+    int64_t steps, rows;
+    lp_engine_counts(e, &steps, &rows);
+    lp_engine_free(e);
+    char tree[128];
+    tree_text(sp, tree, sizeof tree);
+    double per_pass = ss.n_passes ? (double)ss.n_generated / ss.n_passes : 0.0;
+    if (o->json)
+        printf("{\"stream\":0,\"done\":true,\"tokens\":%d,\"stop\":\"%s\",\"speculate\":{\"forward_passes\":%lld,"
+               "\"decode_passes\":%d,\"tokens_per_pass\":%.3f,\"drafted\":%d,\"accepted\":%d,"
+               "\"tree_rows\":%d,\"forecast_rows\":%d,\"rows\":%lld,\"tree\":\"%s\"}}\n",
+               rs.n_generated, rs.stop_reason, (long long)steps, ss.n_passes, per_pass, ss.n_drafted, ss.n_accepted,
+               ss.n_tree_rows, ss.n_forecast_rows, (long long)rows, tree);
+    else
+        printf("\n");
+    double decode = t2 - t1, prefill = t1 - t0;
+    fprintf(stderr,
+            "loraplex: prompt %d tokens (%d from cache) in %.1f ms (%.1f tok/s); 1 stream(s), "
+            "%d tokens in %.1f ms (%.1f tok/s, %lld steps), stop: %s\n",
+            rs.n_prompt, rs.n_reused, prefill * 1e3, prefill > 0 ? (rs.n_prompt - rs.n_reused) / prefill : 0.0,
+            rs.n_generated, decode * 1e3, decode > 0 ? rs.n_generated / decode : 0.0, (long long)(steps - steps0),
+            rs.stop_reason);
+    if (o->verbose)
+        fprintf(stderr,
+                "loraplex: speculative (%s): %d tokens in %d passes that produced tokens (%.2f tokens per pass), "
+                "%lld forward passes in all; %d of %d drafted tokens accepted; %d tree rows, %d forecast rows\n",
+                tree, ss.n_generated, ss.n_passes, per_pass, (long long)steps, ss.n_accepted, ss.n_drafted,
+                ss.n_tree_rows, ss.n_forecast_rows);
+    return 0;
+}
+
 int cli_run(int argc, char **argv) {
     run_options o;
     int rc = parse_run(argc, argv, &o);
@@ -254,6 +406,8 @@ int cli_run(int argc, char **argv) {
     int n_streams = (int)o.streams, n_adapters = 0;
     lp_model *model = NULL;
     lp_context *ctx = NULL;
+    lp_forecast *forecast = NULL;
+    bool speculate = o.speculate || o.lookup;
     int32_t *prompt = NULL;
     printer out = {o.json, n_streams > 1 && !o.json, NULL, NULL};
 
@@ -270,6 +424,15 @@ int cli_run(int argc, char **argv) {
         fprintf(stderr, "loraplex run: --suffixes, --temps and --adapters need one entry per "
                         "stream (%d)\n", n_streams);
         goto out;
+    }
+    if (speculate && n_streams > 1) {
+        fprintf(stderr, "loraplex run: --speculate and --lookup decode one stream (not --streams)\n");
+        goto out;
+    }
+    if (speculate && o.sampling.temperature > 0) {
+        fprintf(stderr, "loraplex run: speculative decoding is greedy only for now; --temp %g decodes "
+                        "without it (use --temp 0 to speculate)\n", (double)o.sampling.temperature);
+        speculate = false;
     }
     rc = 1;
     const char *text = o.prompt;
@@ -309,6 +472,7 @@ int cli_run(int argc, char **argv) {
     }
     cp.max_seq_len = n_prompt + (int)o.n_predict + 256;
     cp.max_adapters = n_adapters + 1;
+    if (speculate) cp.max_logit_rows = 128; /* trees and forecast rows ask for logits */
     ctx = lp_context_create(model, &cp, &err);
     if (!ctx) {
         rc = cli_fail("cannot create context", &err);
@@ -358,6 +522,26 @@ int cli_run(int argc, char **argv) {
     }
     if (o.echo && !o.json) fputs(text, stdout);
 
+    if (speculate) {
+        lp_speculate sp;
+        if (o.speculate) {
+            forecast = lp_forecast_load(o.speculate, &err);
+            if (!forecast || lp_forecast_check(forecast, model, &err)) {
+                rc = cli_fail(o.speculate, &err);
+                goto out;
+            }
+        }
+        if (parse_speculate(&o, forecast, &sp)) {
+            rc = 2;
+            goto out;
+        }
+        if (o.verbose && forecast)
+            fprintf(stderr, "loraplex: forecast %s: k %d, trained for %s\n", o.speculate, lp_forecast_k(forecast),
+                    lp_forecast_adapter_name(forecast)[0] ? lp_forecast_adapter_name(forecast) : "the base");
+        const lp_adapter *whole = whole_run_slot ? adapters[n_adapters] : NULL;
+        rc = run_speculative(ctx, &o, prompt, n_prompt, o.adapters ? adapters[0] : whole, whole, &sp, &out, &err);
+        goto out;
+    }
     lp_generate_params gp = lp_generate_default_params();
     gp.n_predict = (int)o.n_predict;
     gp.stop = o.stop;
@@ -402,6 +586,7 @@ out:
     free(prompt);
     for (int i = 0; i < n_streams; i++) lp_sampler_free(samplers[i]);
     lp_context_free(ctx);
+    lp_forecast_free(forecast);
     for (int i = 0; i <= MAX_ADAPTERS; i++) lp_adapter_free(adapters[i]);
     lp_model_free(model);
     free(file_text);

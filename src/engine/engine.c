@@ -47,6 +47,20 @@ typedef struct request {
     int wait_len;          /* ... until that one holds this many entries */
     pending_text text;
     lp_request_stats stats;
+    /* speculative decoding (spec.speculate, copied into sp) */
+    bool speculating;
+    lp_speculate sp;
+    int table;             /* embedding table its forecast set is bound as (0: none) */
+    int n_cand;            /* candidate tree for the next verification: */
+    int32_t cand_tok[LP_SPEC_MAX_NODES];
+    int cand_parent[LP_SPEC_MAX_NODES]; /* an earlier candidate, -1: the root */
+    int cand_depth[LP_SPEC_MAX_NODES];  /* 1: a child of the root */
+    int root_row;          /* this step: the row whose logits give its next token (-1) */
+    int cand_row[LP_SPEC_MAX_NODES];    /* this step: a candidate's row (-1: not placed) */
+    int fc_row[LP_SPEC_MAX_NODES + 1];  /* this step: first forecast row after the root
+                                           ([0]) or candidate i ([i + 1]); -1: none */
+    int step_depth;        /* this step: forecast rows in each of those chains */
+    lp_spec_stats spec_stats;
 } request;
 
 typedef struct seq_state {
@@ -67,6 +81,9 @@ struct lp_engine {
     int *row_req;          /* [max_rows] the request a row belongs to */
     int64_t clock, next_order, next_submitted;
     int64_t n_steps, n_rows_total;
+    int n_tables;          /* the context's embedding tables ... */
+    const lp_forecast **table_of; /* [n_tables + 1] ... and the forecast set the
+                                     engine bound to each (NULL: none) */
 };
 
 
@@ -114,7 +131,9 @@ lp_engine *lp_engine_create(lp_context *ctx, const lp_engine_params *params, lp_
     e->seqs = calloc((size_t)p->n_seqs, sizeof *e->seqs);
     e->rows = calloc((size_t)cp.max_rows, sizeof *e->rows);
     e->row_req = calloc((size_t)cp.max_rows, sizeof *e->row_req);
-    if (!e->seqs || !e->rows || !e->row_req) {
+    e->n_tables = cp.max_embd_tables > 0 ? cp.max_embd_tables : 0;
+    e->table_of = calloc((size_t)e->n_tables + 1, sizeof *e->table_of);
+    if (!e->seqs || !e->rows || !e->row_req || !e->table_of) {
         lp_error_set(err, LP_ERR_NOMEM, "out of memory for an engine");
         lp_engine_free(e);
         return NULL;
@@ -139,6 +158,9 @@ void lp_engine_free(lp_engine *e) {
         if (r->used && r->state == REQ_RUNNING) lp_seq_clear(e->ctx, r->seq);
         request_clear(r);
     }
+    for (int t = 1; e->table_of && t <= e->n_tables; t++)
+        if (e->table_of[t]) lp_context_bind_embeddings(e->ctx, t, NULL, 0, NULL);
+    free(e->table_of);
     free(e->req);
     free(e->running);
     free(e->seqs);
@@ -213,6 +235,33 @@ static int copy_stops(request *r, const lp_request *q, lp_error *err) {
 
 static void finish(lp_engine *e, request *r, const char *reason, lp_status status);
 
+lp_speculate lp_speculate_default(void) { return (lp_speculate){0}; }
+
+/* Speculation settings a request may carry (greedy only for now). */
+static int check_speculate(const lp_engine *e, const lp_request *q, lp_error *err) {
+    const lp_speculate *sp = q->speculate;
+    if (q->sampler || q->sampling.temperature != 0.0f)
+        return lp_error_set(err, LP_ERR_INVALID,
+                            "speculative decoding is greedy only for now: the request must sample with "
+                            "temperature 0 and no borrowed sampler (decode it without speculation)");
+    int k = sp->forecast ? lp_forecast_k(sp->forecast) : 0;
+    if (sp->forecast && lp_forecast_check(sp->forecast, e->model, err)) return -1;
+    if (sp->depth < 0 || sp->depth > LP_SPEC_MAX_DEPTH || sp->depth > k)
+        return lp_error_set(err, LP_ERR_INVALID, "speculation depth %d: the forecast set has %d embeddings (at most %d)",
+                            sp->depth, k, LP_SPEC_MAX_DEPTH);
+    for (int d = 0; d < sp->depth; d++)
+        if (sp->branches[d] < 1 || sp->branches[d] > LP_SPEC_MAX_NODES)
+            return lp_error_set(err, LP_ERR_INVALID, "speculation branches[%d] = %d (1..%d)", d, sp->branches[d],
+                                LP_SPEC_MAX_NODES);
+    if (sp->lookup_ngram < 0 || sp->lookup_ngram > 16 || sp->lookup_len < 0 || sp->lookup_len > LP_SPEC_MAX_NODES ||
+        (sp->lookup_ngram > 0) != (sp->lookup_len > 0))
+        return lp_error_set(err, LP_ERR_INVALID, "prompt lookup: n-gram %d (1..16) and length %d (1..%d) go together",
+                            sp->lookup_ngram, sp->lookup_len, LP_SPEC_MAX_NODES);
+    if (sp->max_nodes < 0 || sp->max_nodes > LP_SPEC_MAX_NODES)
+        return lp_error_set(err, LP_ERR_INVALID, "speculation max_nodes %d (0..%d)", sp->max_nodes, LP_SPEC_MAX_NODES);
+    return 0;
+}
+
 int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
     if (!q) return lp_error_set(err, LP_ERR_INVALID, "no request");
     if (q->n_prefix < 0) return lp_error_set(err, LP_ERR_INVALID, "n_prefix %d is negative", q->n_prefix);
@@ -232,6 +281,14 @@ int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
     r->id_main = lp_adapter_identity(q->adapter);
     r->id_prefix = lp_adapter_identity(q->prefix_adapter);
     r->sampler = q->sampler;
+    r->spec.speculate = NULL;
+    r->root_row = -1;
+    if (q->speculate) {
+        if (check_speculate(e, q, err)) goto bad;
+        r->speculating = true;
+        r->sp = *q->speculate;
+        if (r->sp.max_nodes <= 0) r->sp.max_nodes = LP_SPEC_MAX_NODES;
+    }
     if (copy_prompt(e, r, q, err) || copy_stops(r, q, err)) goto bad;
     if (!r->sampler) {
         r->own_sampler = lp_sampler_create(e->model, &q->sampling, err);
@@ -436,6 +493,21 @@ static void release_seq(lp_engine *e, request *r, bool keep) {
     r->seq = -1;
 }
 
+/* Unbinds a done request's forecast set unless another request uses it. */
+static void release_table(lp_engine *e, request *r) {
+    if (!r->speculating || !r->sp.forecast) return;
+    for (int i = 0; i < e->n_req; i++) {
+        const request *o = &e->req[i];
+        if (o != r && o->used && o->state != REQ_DONE && o->speculating && o->sp.forecast == r->sp.forecast) return;
+    }
+    for (int t = 1; t <= e->n_tables; t++)
+        if (e->table_of[t] == r->sp.forecast) {
+            lp_context_bind_embeddings(e->ctx, t, NULL, 0, NULL);
+            e->table_of[t] = NULL;
+        }
+    r->table = 0;
+}
+
 static void finish(lp_engine *e, request *r, const char *reason, lp_status status) {
     if (r->state == REQ_DONE) return;
     bool cancelled = status == LP_ERR_CANCELLED;
@@ -445,6 +517,7 @@ static void finish(lp_engine *e, request *r, const char *reason, lp_status statu
     r->text.len = 0;
     release_seq(e, r, r->state == REQ_RUNNING && !r->spec.drop_kv && !cancelled && status == LP_OK);
     r->state = REQ_DONE;
+    release_table(e, r);
     r->stats.done = true;
     r->stats.stop_reason = reason;
     r->stats.status = status;
@@ -564,21 +637,34 @@ static int emit(lp_engine *e, request *r, int32_t tok, lp_error *err) {
     return 0;
 }
 
-/* The next token of a request from its last row's logits. */
-static int sample(lp_engine *e, request *r, const float *logits, lp_error *err) {
-    int32_t tok;
-    if (r->stats.n_generated == 0 && r->spec.first_token >= 0) {
-        tok = r->spec.first_token;
-    } else if (r->stats.n_generated == 0 && r->spec.first_rank > 0) {
+/* The token a request takes from logits after n_hist tokens of history of
+ * which n_gen are generated. *pruned: a CTG seed below its probability. */
+static int32_t choose(const lp_engine *e, request *r, const float *logits, int n_hist, int n_gen, bool *pruned) {
+    *pruned = false;
+    if (n_gen == 0 && r->spec.first_token >= 0) return r->spec.first_token;
+    if (n_gen == 0 && r->spec.first_rank > 0) {
         float prob;
-        tok = nth_best(logits, e->n_vocab, r->spec.first_rank - 1, &prob);
-        if (prob < r->spec.first_min_prob) {
-            finish(e, r, "pruned", LP_OK);
-            return 0;
-        }
-    } else {
-        tok = lp_sampler_sample(r->sampler, logits, r->tokens, r->n_tokens);
+        int32_t tok = nth_best(logits, e->n_vocab, r->spec.first_rank - 1, &prob);
+        *pruned = prob < r->spec.first_min_prob;
+        return tok;
     }
+    return lp_sampler_sample(r->sampler, logits, r->tokens, n_hist);
+}
+
+/* The next token of a request from its last row's logits. */
+static int take(lp_engine *e, request *r, int32_t tok, lp_error *err);
+static int sample(lp_engine *e, request *r, const float *logits, lp_error *err) {
+    bool pruned;
+    int32_t tok = choose(e, r, logits, r->n_tokens, r->stats.n_generated, &pruned);
+    if (pruned) {
+        finish(e, r, "pruned", LP_OK);
+        return 0;
+    }
+    return take(e, r, tok, err);
+}
+
+/* Appends a chosen token: end of generation, text, stop strings, limits. */
+static int take(lp_engine *e, request *r, int32_t tok, lp_error *err) {
     if (r->spec.stop_at_eog && lp_token_is_eog(e->model, tok)) {
         finish(e, r, "eog", LP_OK);
         return 0;
@@ -615,6 +701,220 @@ static int add_rows(lp_engine *e, int id, int n, int room) {
     return want;
 }
 
+/* ---- speculation: the tree of candidates, forecast rows, acceptance ------------------ */
+
+/* The embedding table a request's forecast set is bound as, binding it to
+ * one no other running request's set holds; 0 if none is free. */
+static int table_for(lp_engine *e, request *r) {
+    const lp_forecast *f = r->sp.forecast;
+    if (!f || r->sp.depth == 0) return 0;
+    int free_t = 0;
+    for (int t = 1; t <= e->n_tables; t++) {
+        if (e->table_of[t] == f) return t;
+        if (free_t) continue;
+        bool busy = false;
+        for (int i = 0; e->table_of[t] && i < e->n_req && !busy; i++) {
+            const request *o = &e->req[i];
+            busy = o->used && o->state == REQ_RUNNING && o->speculating && o->sp.forecast == e->table_of[t];
+        }
+        if (!busy) free_t = t;
+    }
+    if (!free_t) return 0;
+    if (lp_context_bind_embeddings(e->ctx, free_t, lp_forecast_data(f), lp_forecast_k(f), NULL) != 0) return 0;
+    e->table_of[free_t] = f;
+    return free_t;
+}
+
+/* Appends the forecast chain after row `after` (at most room rows). */
+static int add_forecast_rows(lp_engine *e, request *r, int id, int n, int after, int m) {
+    for (int j = 0; j < m; j++) {
+        e->rows[n + j] = (lp_row){
+            .token = j,
+            .pos = e->rows[after].pos + 1 + j,
+            .seq = r->seq,
+            .adapter = r->slot,
+            .parent = j == 0 ? after : n + j - 1,
+            .embd = r->table,
+            .logits = true,
+        };
+        e->row_req[n + j] = id;
+    }
+    return m;
+}
+
+/* After a request's last row (r->root_row) is in the batch: its candidate
+ * tree and the forecast rows after the root and every candidate, as far as
+ * rows, logit rows and the sequence's length allow. Candidates come parents
+ * first, so any prefix of them is a tree. Returns the rows added. */
+static int add_spec_rows(lp_engine *e, request *r, int n, int *n_logits) {
+    int id = (int)(r - e->req), start = n, root = r->root_row;
+    int root_pos = e->rows[root].pos;
+    r->table = table_for(e, r);
+    int m = r->table ? r->sp.depth : 0;
+    for (int c = 0; c <= LP_SPEC_MAX_NODES; c++) r->fc_row[c] = -1;
+    for (int c = 0; c < LP_SPEC_MAX_NODES; c++) r->cand_row[c] = -1;
+    int rows_left = e->max_rows - n, logits_left = e->max_logit_rows - *n_logits;
+    if (m > 0 && m <= rows_left && m <= logits_left && root_pos + m < e->max_seq_len) {
+        r->fc_row[0] = n;
+        n += add_forecast_rows(e, r, id, n, root, m);
+        rows_left -= m;
+        logits_left -= m;
+    }
+    for (int c = 0; c < r->n_cand; c++) {
+        int pos = root_pos + r->cand_depth[c];
+        int parent = r->cand_parent[c] < 0 ? root : r->cand_row[r->cand_parent[c]];
+        if (parent < 0 || pos >= e->max_seq_len || rows_left < 1 || logits_left < 1) continue;
+        r->cand_row[c] = n;
+        e->rows[n] = (lp_row){
+            .token = r->cand_tok[c], .pos = pos, .seq = r->seq, .adapter = r->slot,
+            .parent = parent, .logits = true,
+        };
+        e->row_req[n++] = id;
+        rows_left--;
+        logits_left--;
+        if (m > 0 && m <= rows_left && m <= logits_left && pos + m < e->max_seq_len) {
+            r->fc_row[c + 1] = n;
+            n += add_forecast_rows(e, r, id, n, n - 1, m);
+            rows_left -= m;
+            logits_left -= m;
+        }
+    }
+    r->step_depth = m;
+    *n_logits += n - start;
+    return n - start;
+}
+
+/* The k best tokens of logits (ties: the lower id), best first. */
+static int top_tokens(const float *logits, int n_vocab, int k, int32_t *out) {
+    int have = 0;
+    for (int32_t t = 0; t < n_vocab; t++) {
+        if (have == k && logits[t] <= logits[out[k - 1]]) continue;
+        int pos = have < k ? have++ : k - 1;
+        while (pos > 0 && logits[out[pos - 1]] < logits[t]) {
+            out[pos] = out[pos - 1];
+            pos--;
+        }
+        out[pos] = t;
+    }
+    return have;
+}
+
+/* A child of candidate `parent` (-1: the root) with token tok, adding it
+ * if there is none and room; -1 if neither. */
+static int cand_child(request *r, int parent, int32_t tok, bool add) {
+    for (int c = 0; c < r->n_cand; c++)
+        if (r->cand_parent[c] == parent && r->cand_tok[c] == tok) return c;
+    if (!add || r->n_cand >= r->sp.max_nodes) return -1;
+    int c = r->n_cand++;
+    r->cand_tok[c] = tok;
+    r->cand_parent[c] = parent;
+    r->cand_depth[c] = parent < 0 ? 1 : r->cand_depth[parent] + 1;
+    return c;
+}
+
+/* The next candidate tree: the top tokens of the forecast rows after the
+ * deepest accepted node (fc, or -1), as a tree of branches[d] per depth,
+ * merged with a prompt-lookup chain. */
+static void next_candidates(lp_engine *e, request *r, int fc) {
+    r->n_cand = 0;
+    if (fc >= 0) {
+        int level_from = 0, level_to = 0; /* candidates of the previous depth; the root first */
+        for (int d = 0; d < r->sp.depth; d++) {
+            int32_t top[LP_SPEC_MAX_NODES];
+            int k = r->sp.branches[d] < LP_SPEC_MAX_NODES ? r->sp.branches[d] : LP_SPEC_MAX_NODES;
+            const float *lg = lp_logits(e->ctx, fc + d);
+            if (!lg) break;
+            k = top_tokens(lg, e->n_vocab, k, top);
+            int first = r->n_cand;
+            if (d == 0) {
+                for (int i = 0; i < k; i++) cand_child(r, -1, top[i], true);
+            } else {
+                for (int p = level_from; p < level_to; p++)
+                    for (int i = 0; i < k; i++) cand_child(r, p, top[i], true);
+            }
+            level_from = first;
+            level_to = r->n_cand;
+            if (level_to == level_from) break;
+        }
+    }
+    if (r->sp.lookup_ngram > 0) {
+        const int32_t *t = r->tokens;
+        int n = r->n_tokens;
+        for (int g = r->sp.lookup_ngram < n - 1 ? r->sp.lookup_ngram : n - 1; g >= 1; g--) {
+            int found = -1;
+            for (int s = n - g - 1; s >= 0 && found < 0; s--)
+                if (memcmp(t + s, t + n - g, (size_t)g * sizeof *t) == 0) found = s + g;
+            if (found < 0) continue;
+            int parent = -1;
+            for (int i = found; i < n && i < found + r->sp.lookup_len; i++) {
+                parent = cand_child(r, parent, t[i], true);
+                if (parent < 0) break;
+            }
+            break;
+        }
+    }
+}
+
+/* After a pass: the request's root row's logits give its next token, as in
+ * plain decoding; while that token is a candidate placed in the tree, that
+ * candidate's row (its KV computed over exactly the accepted path) is
+ * committed and its logits give the token after. Tokens then go through the
+ * same stops and limits as plain decoding; if one ends the request, its
+ * sequence is cut back to what plain decoding would hold. */
+static int spec_after(lp_engine *e, request *r, lp_error *err) {
+    int root = r->root_row;
+    r->root_row = -1;
+    int n_hist = r->n_tokens, gen = r->stats.n_generated, remaining = r->spec.max_tokens - gen;
+    int32_t toks[LP_SPEC_MAX_NODES + 1];
+    int path_row[LP_SPEC_MAX_NODES + 1], path_cand[LP_SPEC_MAX_NODES + 1];
+    int a = 0, cur_row = root, cur = -1;
+    bool pruned = false;
+    int placed = 0;
+    for (int c = 0; c < r->n_cand; c++) placed += r->cand_row[c] >= 0;
+    r->spec_stats.n_tree_rows += placed;
+    for (int c = 0; c <= r->n_cand; c++)
+        if (r->fc_row[c] >= 0) r->spec_stats.n_forecast_rows += r->step_depth;
+    for (;;) {
+        int32_t tok = choose(e, r, lp_logits(e->ctx, cur_row), n_hist + a, gen + a, &pruned);
+        toks[a] = tok;
+        if (pruned || (r->spec.stop_at_eog && lp_token_is_eog(e->model, tok))) break;
+        if (a + 1 >= remaining || n_hist + a + 1 > e->max_seq_len) break;
+        r->tokens[n_hist + a] = tok; /* history for the next choice (take writes it again) */
+        int c = cand_child(r, cur, tok, false);
+        if (c < 0 || r->cand_row[c] < 0) break;
+        a++;
+        path_row[a] = cur_row = r->cand_row[c];
+        path_cand[a] = cur = c;
+    }
+    int seq = r->seq;
+    if (a > 0 && lp_commit_rows(e->ctx, path_row + 1, a, NULL) != 0) {
+        lp_seq_truncate(e->ctx, seq, r->n_kv, NULL); /* keep the root only */
+        a = 0;
+    }
+    r->spec_stats.n_passes++;
+    r->spec_stats.n_drafted += placed;
+    int j = 0;
+    for (; j <= a; j++) {
+        if (j > 0) r->n_kv++;
+        if (j == 0 && pruned) {
+            finish(e, r, "pruned", LP_OK);
+        } else {
+            int before = r->stats.n_generated;
+            if (take(e, r, toks[j], err)) return -1;
+            r->spec_stats.n_generated += r->stats.n_generated - before;
+            if (j > 0 && r->stats.n_generated > before) r->spec_stats.n_accepted++;
+        }
+        if (r->state == REQ_DONE) break;
+    }
+    if (r->state == REQ_DONE) {
+        if (lp_seq_length(e->ctx, seq) > r->n_kv) lp_seq_truncate(e->ctx, seq, r->n_kv, NULL);
+        return 0;
+    }
+    int fc = a == 0 ? r->fc_row[0] : r->fc_row[path_cand[a] + 1];
+    next_candidates(e, r, fc);
+    return 0;
+}
+
 /* Decode rows of running requests first (oldest first), then prompt rows in
  * admission order within the prefill budget. */
 static int by_order(const void *a, const void *b) {
@@ -625,7 +925,10 @@ static int by_order(const void *a, const void *b) {
 static int build_batch(lp_engine *e) {
     int n = 0, n_logits = 0, prefill = 0, n_run = 0;
     for (int i = 0; i < e->n_req; i++)
-        if (e->req[i].used && e->req[i].state == REQ_RUNNING) e->running[n_run++] = &e->req[i];
+        if (e->req[i].used && e->req[i].state == REQ_RUNNING) {
+            e->running[n_run++] = &e->req[i];
+            e->req[i].root_row = -1;
+        }
     qsort(e->running, (size_t)n_run, sizeof *e->running, by_order);
     for (int pass = 0; pass < 2; pass++)
         for (int k = 0; k < n_run; k++) {
@@ -646,10 +949,16 @@ static int build_batch(lp_engine *e) {
                 if (room <= 0) continue;
             }
             int added = add_rows(e, id, n, room);
-            if (e->rows[n + added - 1].logits) n_logits++;
+            if (e->rows[n + added - 1].logits) {
+                n_logits++;
+                if (r->speculating) r->root_row = n + added - 1;
+            }
             if (!decoding) prefill += added;
             n += added;
         }
+    /* then the speculative requests' trees and forecast rows, in the room left */
+    for (int k = 0; k < n_run; k++)
+        if (e->running[k]->speculating && e->running[k]->root_row >= 0) n += add_spec_rows(e, e->running[k], n, &n_logits);
     return n;
 }
 
@@ -657,11 +966,15 @@ static int build_batch(lp_engine *e) {
 static int after_forward(lp_engine *e, int n, lp_error *err) {
     for (int i = 0; i < n; i++) {
         request *r = &e->req[e->row_req[i]];
-        if (r->state != REQ_RUNNING) continue;
+        if (r->state != REQ_RUNNING || !e->rows[i].commit) continue; /* trees: spec_after */
         r->n_kv++;
         if (!e->rows[i].logits) continue;
         e->seqs[seq_index(e, r->seq)].used_at = ++e->clock;
-        if (sample(e, r, lp_logits(e->ctx, i), err)) return -1;
+        if (r->speculating && r->root_row == i) {
+            if (spec_after(e, r, err)) return -1;
+        } else if (sample(e, r, lp_logits(e->ctx, i), err)) {
+            return -1;
+        }
     }
     return 0;
 }
@@ -751,6 +1064,13 @@ void lp_engine_release(lp_engine *e, int id) {
     if (!r) return;
     if (r->state != REQ_DONE) finish(e, r, "cancelled", LP_ERR_CANCELLED);
     request_clear(r);
+}
+
+int lp_engine_request_spec_stats(const lp_engine *e, int id, lp_spec_stats *stats) {
+    const request *r = get(e, id);
+    if (!r || !stats) return -1;
+    *stats = r->spec_stats;
+    return 0;
 }
 
 void lp_engine_counts(const lp_engine *e, int64_t *steps, int64_t *rows) {

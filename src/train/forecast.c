@@ -1,0 +1,243 @@
+/* Forecast-embedding training by self-distillation (see forecast.h). */
+#include "forecast.h"
+
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "train.h"
+
+typedef struct teacher {
+    int32_t *ids;  /* prompt + greedy continuation */
+    int n, n_prompt;
+} teacher;
+
+static lp_context *make_ctx(const lp_model *m, int threads, int max_seq, lp_error *err) {
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = threads;
+    cp.max_sequences = 1;
+    cp.max_logit_rows = 128;
+    cp.n_ctx = max_seq + 256;
+    cp.max_seq_len = max_seq + 128;
+    cp.max_adapters = 1;
+    return lp_context_create(m, &cp, err);
+}
+
+/* Greedy continuation of one prompt (with the adapter); spec may be NULL. */
+static int decode(lp_context *ctx, const lp_adapter *a, const int32_t *prompt, int n_prompt, int n_new,
+                  const lp_speculate *spec, teacher *out, lp_spec_stats *ss, lp_error *err) {
+    lp_engine *e = lp_engine_create(ctx, NULL, err);
+    if (!e) return -1;
+    lp_request q = lp_request_default();
+    q.prompt = prompt;
+    q.n_prompt = n_prompt;
+    q.adapter = a;
+    q.prefix_adapter = a;
+    q.n_prefix = n_prompt;
+    q.sampling.temperature = 0;
+    q.max_tokens = n_new;
+    q.no_reuse = true;
+    q.drop_kv = true;
+    q.speculate = spec;
+    int id = lp_engine_submit(e, &q, err), rc = -1;
+    if (id >= 0 && lp_engine_run(e, err) == 0) {
+        int n;
+        const int32_t *t = lp_engine_request_tokens(e, id, &n);
+        if (out) {
+            out->ids = malloc((size_t)(n_prompt + n) * sizeof *out->ids);
+            if (!out->ids) {
+                lp_engine_free(e);
+                return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+            }
+            memcpy(out->ids, prompt, (size_t)n_prompt * sizeof *prompt);
+            memcpy(out->ids + n_prompt, t, (size_t)n * sizeof *t);
+            out->n = n_prompt + n;
+            out->n_prompt = n_prompt;
+        }
+        if (ss) lp_engine_request_spec_stats(e, id, ss);
+        rc = 0;
+    }
+    lp_engine_free(e);
+    return rc;
+}
+
+/* Mean tokens per pass of speculative decoding over the held-out prompts. */
+static double eval_acceptance(lp_context *ctx, const lp_forecast_train_params *p, const lp_forecast *f,
+                              lp_error *err) {
+    lp_speculate sp = p->eval_tree;
+    sp.forecast = f;
+    if (sp.depth <= 0) {
+        sp.depth = p->k;
+        for (int d = 0; d < p->k; d++) sp.branches[d] = 1;
+    }
+    if (sp.depth > p->k) sp.depth = p->k;
+    long gen = 0, passes = 0;
+    for (int i = p->n_prompts - p->n_eval; i < p->n_prompts; i++) {
+        lp_spec_stats ss;
+        if (decode(ctx, p->adapter, p->prompts[i], p->n_prompt[i], p->eval_tokens, &sp, NULL, &ss, err)) return -1;
+        gen += ss.n_generated;
+        passes += ss.n_passes;
+    }
+    return passes ? (double)gen / (double)passes : 0.0;
+}
+
+lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_train_report *report,
+                               lp_error *err) {
+    lp_forecast_train_params p = *pin;
+    if (p.n_continue <= 0) p.n_continue = 48;
+    if (p.steps <= 0) p.steps = 200;
+    if (p.batch <= 0) p.batch = 8;
+    if (p.anchors <= 0) p.anchors = 8;
+    if (p.lr <= 0) p.lr = 0.02f;
+    if (p.eval_tokens <= 0) p.eval_tokens = 48;
+    if (p.threads <= 0) p.threads = lp_default_threads();
+    lp_forecast_train_report rep = {0};
+    if (!p.base || p.k < 1 || p.k > LP_SPEC_MAX_DEPTH || p.n_prompts < 1 || p.n_eval < 0 ||
+        p.n_eval >= p.n_prompts) {
+        lp_error_set(err, LP_ERR_INVALID, "train-forecast: k %d (1..%d), %d prompts of which %d held out", p.k,
+                     LP_SPEC_MAX_DEPTH, p.n_prompts, p.n_eval);
+        return NULL;
+    }
+    double t0 = lp_now_seconds();
+    lp_model_info info;
+    lp_model_get_info(p.base, &info);
+    int max_prompt = 0;
+    for (int i = 0; i < p.n_prompts; i++)
+        if (p.n_prompt[i] > max_prompt) max_prompt = p.n_prompt[i];
+    int n_train = p.n_prompts - p.n_eval;
+    teacher *tch = calloc((size_t)n_train, sizeof *tch);
+    lp_context *ctx = make_ctx(p.base, p.threads, max_prompt + p.n_continue + p.eval_tokens, err);
+    lp_train_model *m = NULL;
+    lp_threadpool *pool = NULL;
+    lp_adamw opt = {0};
+    lp_forecast *out = NULL, *probe = NULL;
+    int32_t *inputs = NULL, *targets = NULL, *pos = NULL;
+    float *mask = NULL;
+    uint8_t *visible = NULL;
+    if (!tch || !ctx) {
+        if (!tch) lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+        goto done;
+    }
+    /* 1. teacher continuations */
+    int max_n = 0;
+    for (int i = 0; i < n_train; i++) {
+        if (decode(ctx, p.adapter, p.prompts[i], p.n_prompt[i], p.n_continue, NULL, &tch[i], NULL, err)) goto done;
+        rep.n_teacher_tokens += tch[i].n - tch[i].n_prompt;
+        if (tch[i].n > max_n) max_n = tch[i].n;
+    }
+    /* 2. the trainer: frozen base (and LoRA), k trainable extra rows */
+    lp_train_config c;
+    if (lp_train_config_from_model(p.base, &c, err) < 0) goto done;
+    c.n_extra = p.k;
+    if (p.adapter && lp_train_config_from_adapter(p.adapter, &c, err) < 0) goto done;
+    m = lp_train_model_create(&c, LP_TRAIN_EXTRA, err);
+    if (!m || lp_train_model_load_base(m, p.base, err) < 0) goto done;
+    lp_train_model_init(m, LP_TRAIN_EXTRA, p.seed);
+    if (p.adapter && lp_train_lora_from_adapter(m, p.adapter, err) < 0) goto done;
+    int T = max_n + p.anchors * p.k, B = p.batch;
+    pool = lp_threadpool_create(p.threads, err);
+    if (!pool || lp_train_model_reserve(m, B, T, err) < 0) goto done;
+    lp_train_model_set_pool(m, pool);
+    lp_adamw_config ac = lp_adamw_default();
+    ac.lr = p.lr;
+    ac.min_lr = p.lr * 0.1f;
+    ac.warmup = p.steps / 10 + 1;
+    ac.total_steps = p.steps;
+    ac.weight_decay = 0;
+    if (lp_adamw_init(&opt, m, &ac, err) < 0) goto done;
+    size_t BT = (size_t)B * (size_t)T;
+    inputs = malloc(BT * sizeof *inputs);
+    targets = malloc(BT * sizeof *targets);
+    pos = malloc(BT * sizeof *pos);
+    mask = malloc(BT * sizeof *mask);
+    visible = malloc(BT * (size_t)T);
+    if (!inputs || !targets || !pos || !mask || !visible) {
+        lp_error_set(err, LP_ERR_NOMEM, "out of memory for training batches");
+        goto done;
+    }
+    /* acceptance before training (the random init) */
+    if (p.n_eval > 0) {
+        probe = lp_forecast_create(p.base, p.k, m->w.extra, NULL, err);
+        if (!probe) goto done;
+        rep.eval_tokens_per_pass_before = eval_acceptance(ctx, &p, probe, err);
+        lp_forecast_free(probe);
+        probe = NULL;
+        if (rep.eval_tokens_per_pass_before < 0) goto done;
+    }
+    lp_rng rng;
+    lp_rng_seed(&rng, p.seed ^ 0x5eed5eedull);
+    /* 3. steps */
+    for (int step = 0; step < p.steps; step++) {
+        memset(inputs, 0, BT * sizeof *inputs);
+        memset(targets, 0, BT * sizeof *targets);
+        memset(mask, 0, BT * sizeof *mask);
+        memset(visible, 0, BT * (size_t)T);
+        for (int b = 0; b < B; b++) {
+            const teacher *s = &tch[lp_rng_u64(&rng) % (uint64_t)n_train];
+            int32_t *in = inputs + (size_t)b * T, *tg = targets + (size_t)b * T, *ps = pos + (size_t)b * T;
+            float *mk = mask + (size_t)b * T;
+            uint8_t *vis = visible + (size_t)b * T * T;
+            for (int i = 0; i < T; i++) ps[i] = 0;
+            for (int i = 0; i < s->n; i++) {
+                in[i] = s->ids[i];
+                ps[i] = i;
+                for (int j = 0; j <= i; j++) vis[(size_t)i * T + j] = 1;
+            }
+            /* padding rows see themselves only (masked out of the loss) */
+            for (int i = s->n; i < T; i++) vis[(size_t)i * T + i] = 1;
+            int t_min = s->n_prompt - 1, t_max = s->n - 3; /* at least the first forecast row has a target */
+            if (t_max < t_min) continue;
+            for (int g = 0; g < p.anchors; g++) {
+                int t = t_min + (int)(lp_rng_u64(&rng) % (uint64_t)(t_max - t_min + 1));
+                int base_row = s->n + g * p.k;
+                for (int j = 0; j < p.k; j++) {
+                    int r = base_row + j;
+                    in[r] = c.n_vocab + j;
+                    ps[r] = t + 1 + j;
+                    for (int q = 0; q <= t; q++) vis[(size_t)r * T + q] = 1;
+                    for (int q = 0; q <= j; q++) vis[(size_t)r * T + base_row + q] = 1;
+                    if (t + 2 + j < s->n) {
+                        tg[r] = s->ids[t + 2 + j];
+                        mk[r] = 1;
+                    }
+                }
+            }
+        }
+        lp_train_batch batch = {.B = B, .T = T, .inputs = inputs, .targets = targets, .mask = mask, .pos = pos,
+                                .visible = visible};
+        double loss = lp_train_forward(m, &batch, err);
+        if (isnan(loss)) goto done;
+        lp_train_zero_grad(m);
+        lp_train_backward(m, &batch);
+        lp_adamw_step(&opt, m);
+        if (step == 0) rep.first_loss = loss;
+        rep.last_loss = loss;
+        if (!p.quiet && (step % 10 == 0 || step == p.steps - 1))
+            fprintf(stderr, "train-forecast: step %d/%d  loss %.4f  lr %.4g  %.1f s\n", step + 1, p.steps, loss,
+                    (double)lp_train_lr(&opt.cfg, step), lp_now_seconds() - t0);
+    }
+    out = lp_forecast_create(p.base, p.k, m->w.extra, p.adapter ? lp_adapter_name(p.adapter) : NULL, err);
+    if (out && p.n_eval > 0) {
+        rep.eval_tokens_per_pass_after = eval_acceptance(ctx, &p, out, err);
+        if (rep.eval_tokens_per_pass_after < 0) {
+            lp_forecast_free(out);
+            out = NULL;
+        }
+    }
+    rep.seconds = lp_now_seconds() - t0;
+done:
+    if (report) *report = rep;
+    for (int i = 0; tch && i < n_train; i++) free(tch[i].ids);
+    free(tch);
+    free(inputs);
+    free(targets);
+    free(pos);
+    free(mask);
+    free(visible);
+    lp_adamw_free(&opt);
+    lp_train_model_free(m);
+    lp_threadpool_destroy(pool);
+    lp_context_free(ctx);
+    return out;
+}

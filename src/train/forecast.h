@@ -1,0 +1,50 @@
+/* Training forecast embeddings (DS2D) by self-distillation: the targets are
+ * the frozen model's own greedy continuations of prompts (with an optional
+ * adapter), so no labels are needed. Only the k extra input embeddings are
+ * trained (the trainer's "extra" group); base and LoRA stay frozen.
+ *
+ * A training row is one teacher sequence x_0..x_{n-1} followed by G groups
+ * of k forecast rows. Group g hangs after an anchor t (the last prompt
+ * token or later): its row j (input: extra embedding j) is at position
+ * t + 1 + j, sees x_0..x_t and rows 0..j of its group, and is trained to
+ * predict x_{t+2+j} -- in the engine, forecast row j after a node guesses
+ * the token j + 1 places after the token that node's own logits give. */
+#ifndef LP_TRAIN_FORECAST_H
+#define LP_TRAIN_FORECAST_H
+
+#include <stdint.h>
+
+#include "../base/base.h"
+
+typedef struct lp_forecast_train_params {
+    const lp_model *base;
+    const lp_adapter *adapter;       /* NULL: the base alone */
+    const int32_t *const *prompts;   /* tokenized prompts (BOS included as the model wants) */
+    const int *n_prompt;
+    int n_prompts;
+    int n_eval;                      /* the last n_eval prompts are held out for evaluation */
+    int k;                           /* forecast embeddings, 1..LP_SPEC_MAX_DEPTH */
+    int n_continue;                  /* teacher tokens per prompt (default 48) */
+    int steps, batch, anchors;       /* default 200, 8, 8 */
+    float lr;                        /* default 0.02 */
+    uint64_t seed;
+    int threads;                     /* 0: all cores */
+    int eval_tokens;                 /* tokens decoded per eval prompt (default 48) */
+    lp_speculate eval_tree;          /* the tree the acceptance eval uses (forecast/depth
+                                        filled in; depth 0: a chain of k) */
+    bool quiet;                      /* no progress lines on stderr */
+} lp_forecast_train_params;
+
+typedef struct lp_forecast_train_report {
+    double first_loss, last_loss;
+    double eval_tokens_per_pass_before, eval_tokens_per_pass_after;
+    int n_teacher_tokens;
+    double seconds;
+} lp_forecast_train_report;
+
+/* Trains and returns the forecast set (for p->base; the adapter's name
+ * recorded), or NULL with err set. report may be NULL. */
+lp_forecast *lp_forecast_train(const lp_forecast_train_params *p, lp_forecast_train_report *report,
+                               lp_error *err);
+
+#endif

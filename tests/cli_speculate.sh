@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# `loraplex run --speculate` end to end: forecast-random writes an .lpf;
+# greedy speculative output (random forecasts, prompt lookup, both; with and
+# without an adapter; stop strings; JSON text lines) is byte for byte the
+# plain output; -v and --json report the speculation; sampling falls back
+# to plain decoding with a message; bad files are refused naming the file;
+# train-forecast (smoke) writes files that speculate exactly as well.
+set -u
+bin="$1"; models="$2"; work="$3/cli_speculate_tmp"
+mkdir -p "$work"
+fail=0; pass=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*" >&2; fail=$((fail+1)); }
+m="$models/stories260K.gguf"; lora="$models/stories260K-lora-r4-random-f32.gguf"
+
+"$bin" forecast-random --model "$m" -k 4 --seed 3 -o "$work/r.lpf" 2>"$work/err" && [ -s "$work/r.lpf" ] && ok \
+  || { bad "forecast-random"; cat "$work/err" >&2; }
+
+prompts=("Once upon a time" "Tom and his dog went to the park. Tom and his dog" "One day")
+specs=("--speculate $work/r.lpf" "--speculate $work/r.lpf --tree 1,1,1,1" "--lookup 3" "--speculate $work/r.lpf --lookup 2:6")
+for p in "${prompts[@]}"; do
+  for extra in "" "--adapter $lora" "--stop park"; do
+    # shellcheck disable=SC2086
+    "$bin" run -m "$m" -p "$p" -n 70 --temp 0 -t 1 $extra >"$work/plain" 2>/dev/null
+    for s in "${specs[@]}"; do
+      # shellcheck disable=SC2086
+      "$bin" run -m "$m" -p "$p" -n 70 --temp 0 -t 1 $extra $s >"$work/spec" 2>"$work/err"
+      cmp -s "$work/plain" "$work/spec" && ok || { bad "'$p' $extra $s: output differs"; diff "$work/plain" "$work/spec" >&2; }
+    done
+  done
+done
+
+# JSON: the same text lines; the done line carries the speculation report
+"$bin" run -m "$m" -p "Once upon a time" -n 40 --temp 0 -t 1 --json >"$work/pj" 2>/dev/null
+"$bin" run -m "$m" -p "Once upon a time" -n 40 --temp 0 -t 1 --json --speculate "$work/r.lpf" --lookup 3 >"$work/sj" 2>/dev/null
+cmp -s <(grep '"text"' "$work/pj") <(grep '"text"' "$work/sj") && ok || bad "json text lines differ"
+grep -q '"done":true,"tokens":40,"stop":"length","speculate":{"forward_passes":[0-9]*,"decode_passes":[0-9]*,"tokens_per_pass":[0-9.]*' "$work/sj" \
+  && grep -q '"tree":"forecast \[3,2\] + lookup 3:8"' "$work/sj" && ok || { bad "json report"; tail -1 "$work/sj" >&2; }
+
+# -v: tokens, passes, tokens per pass, tree
+"$bin" run -m "$m" -p "Once upon a time" -n 40 --temp 0 -t 1 -v --speculate "$work/r.lpf" >/dev/null 2>"$work/err"
+grep -q 'speculative (forecast \[3,2\]): 40 tokens in [0-9]* passes that produced tokens ([0-9.]* tokens per pass)' "$work/err" \
+  && ok || { bad "-v report"; cat "$work/err" >&2; }
+
+# sampling: explicit fallback to plain decoding, same output as without --speculate
+a=$("$bin" run -m "$m" -p "One day" -n 30 --temp 0.8 --seed 5 -t 1 2>/dev/null)
+b=$("$bin" run -m "$m" -p "One day" -n 30 --temp 0.8 --seed 5 -t 1 --speculate "$work/r.lpf" 2>"$work/err")
+[ "$a" = "$b" ] && grep -q "greedy only" "$work/err" && ok || bad "sampling fallback"
+
+# refusals: a damaged file, a file for another width, a bad tree
+head -c 100 "$work/r.lpf" >"$work/short.lpf"
+out=$("$bin" run -m "$m" -p "x" -n 5 --temp 0 --speculate "$work/short.lpf" 2>"$work/err"); rc=$?
+[ $rc -ne 0 ] && [ -z "$out" ] && grep -q "short.lpf" "$work/err" && ok || { bad "damaged file: rc=$rc"; cat "$work/err" >&2; }
+"$bin" synth --preset tiny -o "$work/tiny.gguf" >/dev/null 2>&1
+if [ -s "$work/tiny.gguf" ]; then
+  "$bin" forecast-random --model "$work/tiny.gguf" -k 2 -o "$work/tiny.lpf" 2>/dev/null
+  out=$("$bin" run -m "$m" -p "x" -n 5 --temp 0 --speculate "$work/tiny.lpf" 2>"$work/err"); rc=$?
+  [ $rc -ne 0 ] && grep -q "tiny.lpf" "$work/err" && ok || { bad "other model's file: rc=$rc"; cat "$work/err" >&2; }
+fi
+out=$("$bin" run -m "$m" -p "x" -n 5 --temp 0 --speculate "$work/r.lpf" --tree 3,x 2>"$work/err"); rc=$?
+[ $rc -eq 2 ] && ok || bad "bad --tree accepted: rc=$rc"
+
+# train-forecast smoke test: self-distillation writes a valid file whose
+# speculation again prints exactly the plain output
+printf '%s\n' '{"prompt":"Once upon a time"}' '{"prompt":"One day"}' '{"prompt":"Tom and his dog"}' \
+  '{"prompt":"Lily wanted to"}' '{"prompt":"The sun was"}' '{"prompt":"Mom said"}' >"$work/prompts.jsonl"
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --steps 12 --batch 4 --continue 24 \
+  --eval 2 -t 1 -o "$work/t.lpf" 2>"$work/err" && [ -s "$work/t.lpf" ] \
+  && grep -q "held-out tokens per pass" "$work/err" && ok || { bad "train-forecast"; cat "$work/err" >&2; }
+"$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 >"$work/plain" 2>/dev/null
+"$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 --speculate "$work/t.lpf" >"$work/spec" 2>/dev/null
+cmp -s "$work/plain" "$work/spec" && ok || bad "trained forecast: output differs"
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" --adapter "$lora" -k 2 --steps 4 --batch 2 \
+  --continue 16 -t 1 -o "$work/ta.lpf" 2>"$work/err" && ok || { bad "train-forecast --adapter"; cat "$work/err" >&2; }
+"$bin" run -m "$m" --adapter "$lora" -p "One day" -n 50 --temp 0 -t 1 >"$work/plain" 2>/dev/null
+"$bin" run -m "$m" --adapter "$lora" -p "One day" -n 50 --temp 0 -t 1 --speculate "$work/ta.lpf" --lookup 2 >"$work/spec" 2>/dev/null
+cmp -s "$work/plain" "$work/spec" && ok || bad "adapter-trained forecast: output differs"
+echo '{"text":"no prompt"}' >"$work/bad.jsonl"
+"$bin" train-forecast --base "$m" --data "$work/bad.jsonl" -k 2 -o "$work/x.lpf" 2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "bad.jsonl:1" "$work/err" && ok || bad "bad prompts file: rc=$rc"
+
+rm -rf "$work"
+echo "cli_speculate: $pass passed, $fail failed"
+[ $fail -eq 0 ]
