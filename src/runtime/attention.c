@@ -54,19 +54,11 @@ static void prefetch(const void *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o, 0, 3);
 }
 
-static void reverse(float *x, int n) {
-    for (int i = 0, j = n - 1; i < j; i++, j--) {
-        float t = x[i];
-        x[i] = x[j];
-        x[j] = t;
-    }
-}
-
 /* One row and one KV head, for the query heads that share it (grouped-
  * query attention): softmax(q·K/sqrt(d)) V over the sequence's committed
  * entries, block by block, followed by the row's parent chain (nearest
  * first). Each key and value is read once for all those heads. */
-static void attend_group(const attention_task *task, int r, int g, float *scores) {
+static void attend_group(const attention_task *task, int r, int g, float *scores, int *run_last) {
     lp_context *ctx = task->ctx;
     int layer = task->layer;
     const lp_hparams *hp = &ctx->model->hp;
@@ -90,12 +82,15 @@ static void attend_group(const attention_task *task, int r, int g, float *scores
         prefetch(lp_kv_value(kv, s->blocks[t / bt], layer, g, 0), (size_t)nk * (size_t)d * kv->elem_bytes);
         ctx->kern.attn_scores(q, d, per, kt, kv->f16, bt, nk, d, scale, scores + t, n_all);
     }
-    /* The chain nearest first, in runs of consecutive rows (a prefill chain
-     * is one run): a run's scores come out in row order and are turned
-     * around, so a row's terms keep one order however its chain is batched. */
-    int n = s->length;
+    /* The chain in position order, as the entries would be once committed,
+     * in runs of consecutive rows (a prefill chain is one run) from the
+     * nearest run back: so a row's terms come in one order whether its
+     * parents are in the cache or in the batch (a speculative tree's rows
+     * equal plain decoding bit for bit) */
+    int n = n_all, n_runs = 0;
     for (int a = r; a >= 0;) {
         int len = ctx->run_len[a], first = a - len + 1;
+        n -= len;
         /* one key is its own transpose (k_new_t is filled only for batches
          * with longer runs) */
         if (len == 1)
@@ -103,8 +98,7 @@ static void attend_group(const attention_task *task, int r, int g, float *scores
         else
             ctx->kern.attn_scores(q, d, per, k_batch_t + first, false, (int64_t)rows, len, d, scale, scores + n,
                                   n_all);
-        for (int i = 0; i < per; i++) reverse(scores + (size_t)i * (size_t)n_all + n, len);
-        n += len;
+        run_last[n_runs++] = a;
         a = ctx->rows[first].parent;
     }
     for (int i = 0; i < per; i++) ctx->kern.softmax(scores + (size_t)i * (size_t)n_all, n_all);
@@ -116,13 +110,13 @@ static void attend_group(const attention_task *task, int r, int g, float *scores
         const void *v = lp_kv_value(kv, s->blocks[t / bt], layer, g, 0);
         ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, kv->f16, d, nk, d);
     }
+    /* the runs farthest first */
     n = s->length;
-    for (int a = r; a >= 0;) {
-        int len = ctx->run_len[a];
-        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)a * kv_dim, false, -(int64_t)kv_dim, len,
-                           d);
+    for (int k = n_runs - 1; k >= 0; k--) {
+        int len = ctx->run_len[run_last[k]], first = run_last[k] - len + 1;
+        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)first * kv_dim, false, (int64_t)kv_dim,
+                           len, d);
         n += len;
-        a = ctx->rows[a - len + 1].parent;
     }
 }
 
@@ -169,6 +163,7 @@ static void attention_worker(void *arg, int thread, int n_threads) {
     size_t per_thread = ((size_t)ctx->params.max_seq_len + (size_t)ctx->params.max_rows) *
                         (size_t)(hp->n_heads / n_kv);
     float *scores = ctx->scores + (size_t)thread * per_thread;
+    int *run_last = ctx->run_last + (size_t)thread * (size_t)ctx->params.max_rows;
     /* KV head major: the rows of one head follow each other on one thread,
      * so streams sharing a prompt read its keys and values from memory
      * once, not once per row and thread */
@@ -176,7 +171,7 @@ static void attention_worker(void *arg, int thread, int n_threads) {
     lp_attention_share(ctx, thread, n_threads, &begin, &end);
     for (int64_t i = begin; i < end; i++) {
         int r = (int)(i % n), g = (int)(i / n);
-        attend_group(task, r, g, scores);
+        attend_group(task, r, g, scores, run_last);
         if (ctx->rows[r].commit) lp_kv_store_row(ctx, r, task->layer, g);
     }
 }

@@ -145,6 +145,7 @@ static void plan_runtime(lp_context *ctx, lp_plan *p) {
     lp_plan_add(p, "v_new", &ctx->v_new, (size_t)hp->n_layers * rows, kv_dim, sizeof(float));
     lp_plan_add(p, "k_new_t", &ctx->k_new_t, kv_dim, rows, sizeof(float));
     lp_plan_add(p, "scores", &ctx->scores, (size_t)cp->n_threads, score_len, sizeof(float));
+    lp_plan_add(p, "run_last", &ctx->run_last, (size_t)cp->n_threads, rows, i);
 
     lp_plan_add(p, "logit_in", &ctx->logit_in, logit_rows, (size_t)hp->dim, sizeof(float));
     lp_plan_add(p, "logits", &ctx->logits, logit_rows, (size_t)hp->n_vocab, sizeof(float));

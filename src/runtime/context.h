@@ -118,6 +118,7 @@ struct lp_context {
     float *k_new_t;    /* [kv_heads][head_dim][rows] this layer's k_new transposed, for
                         * attention over runs of rows (batch_has_runs) */
     float *scores;     /* [threads][(max_seq_len + max_rows) * heads per KV head] */
+    int *run_last;     /* [threads][rows] last row of each run of a row's chain */
 
     /* output */
     float *logit_in;   /* [logit_rows][dim] */
