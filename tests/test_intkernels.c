@@ -296,11 +296,11 @@ static int int_levels(int_level_setup out[6]) {
     lp_cpu_detect(&cpu);
     int n = 0;
     lp_kernels_init_reference(&out[n++].k);
-    lp_kernels best;
-    lp_kernels_init(&best, &cpu);
+    lp_kernels best; /* uncapped whatever LORAPLEX_CPU says (test_cpucap covers the caps) */
+    lp_kernels_init_capped(&best, &cpu, LP_CPU_CAP_NONE);
 #if defined(__x86_64__)
     if (cpu.avx2 && cpu.fma && cpu.f16c) {
-        lp_kernels_init(&out[n].k, &cpu);
+        lp_kernels_init_capped(&out[n].k, &cpu, LP_CPU_CAP_NONE);
         out[n].k.vbmi = false;
         out[n++].k.int_level = LP_INT_AVX2;
     }
