@@ -45,6 +45,12 @@
  * group-major for them (lp_qact.qg); else few_rows() / few_rows_g32(). */
 #define FEW_ROWS_MAX LP_FEW_ROWS_MAX
 #define MAX_RB 8 /* batch rows per few-row block */
+/* How far ahead few_rows_tiles() prefetches its one stream: 1-4 rows
+ * (fast per byte) 8 KiB, more rows 4 KiB. Weights from DRAM (65536 x 2048
+ * W4C, one thread): 1 KiB, as the 4-panel 1-row tile takes per stream,
+ * left 2-row steps 1.9x one row; 8 KiB 1.0-1.1x (4 KiB: 1.2-1.3x); 8 rows
+ * 2.0-2.2x with 4 or 8 KiB, 2.2-2.3x with 2 KiB. */
+#define FEW_PREFETCH_BYTES(nb) ((nb) <= 4 ? 8192 : 4096)
 
 static inline int32_t load4(const int8_t *p) {
     int32_t v;
@@ -68,9 +74,10 @@ VNNI INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m512 v) {
  * demand misses, and the 4-panel tiles of a 2048-column matrix are only
  * 72 KiB. 1-row decode, 2 threads, 2048-column matrices: 26.8-28.6 ->
  * 28.2-30.3 GB/s. */
-VNNI INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t p, int NP, int64_t gi) {
+VNNI INLINE void prefetch_ahead_by(const lp_igemm *g, const uint8_t *panel, int64_t p, int NP, int64_t gi,
+                                   size_t bytes) {
     const lp_packed_geom *ge = &g->geom;
-    int64_t ahead = (int64_t)(PREFETCH_BYTES / ge->code_bytes);
+    int64_t ahead = (int64_t)(bytes / ge->code_bytes);
     if (ahead < 1) ahead = 1;
     if (ahead > ge->groups) ahead = ge->groups;
     int64_t ga = gi + ahead;
@@ -84,6 +91,10 @@ VNNI INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t
     size_t at = ge->scales_offset + (size_t)ga * ge->scale_bytes;
     if (ga == 0 && ge->scales_offset) _mm_prefetch((const char *)panel, _MM_HINT_T1); /* W4C row bases */
     if (at % 64 < ge->scale_bytes) _mm_prefetch((const char *)panel + at, _MM_HINT_T1);
+}
+
+VNNI INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t p, int NP, int64_t gi) {
+    prefetch_ahead_by(g, panel, p, NP, gi, PREFETCH_BYTES);
 }
 
 /* Tile of type W4, W8 or W4C: panels p..p+NP-1, batch rows b0..b0+B-1. */
@@ -177,10 +188,10 @@ VNNI INLINE __m512i dpbusd_x4(__m512i acc, __m512i w, const int8_t *x) {
  * activations as their broadcast operand, dpbusd_x4) plus the float
  * finish (add, convert, dw * dx, fma). G: the group when a
  * compile-time 32 (chunks fully unrolled), else 0 (the geometry's). pf:
- * software prefetch of the stream (a panel's first block of rows; later
- * blocks find it in L1/L2). Same operations per output as tile() and the
+ * how many bytes ahead to prefetch the stream, or 0 (a panel's later
+ * blocks of rows find it in L1/L2). Same operations per output as tile() and the
  * reference, so the same bits. */
-VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int RB, int G_const, bool pf) {
+VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int RB, int G_const, size_t pf) {
     const lp_packed_geom *ge = &g->geom;
     const lp_qact *a = g->a;
     const int G = G_const ? G_const : ge->group;
@@ -191,7 +202,7 @@ VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t 
     __m512 accf[MAX_RB];
     for (int r = 0; r < RB; r++) accf[r] = _mm512_setzero_ps();
     for (int64_t gi = 0; gi < groups; gi++) {
-        if (pf) prefetch_ahead(g, panel, p, 1, gi);
+        if (pf) prefetch_ahead_by(g, panel, p, 1, gi, pf);
         const int8_t *xg = a->qg + (gi * nb + b0) * G;
         const float *dg = a->dg + gi * nb + b0;
         const int32_t *cg = a->cg + gi * nb + b0;
@@ -228,7 +239,7 @@ VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t 
 }
 
 /* rows_tile with RB a constant (1 <= rb <= MAX_RB). */
-VNNI INLINE void rows_tile_rb(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int rb, int G, bool pf) {
+VNNI INLINE void rows_tile_rb(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int rb, int G, size_t pf) {
     switch (rb) {
     case 1: rows_tile(g, type, p, b0, 1, G, pf); break;
     case 2: rows_tile(g, type, p, b0, 2, G, pf); break;
@@ -256,7 +267,8 @@ VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
     int64_t start[LP_FEW_ROWS_MAX + 1];
     for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
     for (int64_t p = g->p0; p < g->p1; p++)
-        for (int64_t j = 0; j < nblocks; j++) rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0);
+        for (int64_t j = 0; j < nblocks; j++)
+            rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES(nb) : 0);
 }
 
 /* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels. */
