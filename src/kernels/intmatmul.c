@@ -442,6 +442,10 @@ static void place_grouped(const lp_kernels *k, int_job *job) {
     if ((k->int_level != LP_INT_AVX512VNNI && k->int_level != LP_INT_AMX) || job->nb < 2 ||
         job->nb > LP_FEW_ROWS_MAX)
         return;
+    /* batches the AMX kernels take (they differ from 1-row's VNNI one) need no copy */
+    uint32_t type = job->W[0]->type;
+    int group = job->geom[0].group;
+    if (k->int_level == LP_INT_AMX && pick_kernel(k, type, group, job->nb) != pick_kernel(k, type, group, 1)) return;
     size_t row = act_row_bytes(job->W[0]->cols, a->groups);
     size_t used = (size_t)round64((int64_t)(row * (size_t)job->nb));
     if (a->pairs) used += (size_t)round64((int64_t)pairs_bytes(a->groups, job->nb));
