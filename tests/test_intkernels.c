@@ -2,7 +2,7 @@
  * geometry, pack -> dequantize round trips, lossless GGUF Q4_0/Q8_0 repack,
  * the W4C codebook (its scales, its codes, its error against W4),
  * quantization error bounds, every integer kernel level bit-identical to the
- * C reference, lp_matmul against the double-precision lp_matmul_ref within
+ * C reference (every batch from 1 to 17 rows), lp_matmul against the double-precision lp_matmul_ref within
  * the bound implied by int8 activations, the W4A16 float path, batch
  * slicing when the scratch is small, odd shapes, 1 and 2 threads. */
 #include "check.h"
@@ -296,11 +296,11 @@ static int int_levels(int_level_setup out[6]) {
     lp_cpu_detect(&cpu);
     int n = 0;
     lp_kernels_init_reference(&out[n++].k);
-    lp_kernels best;
-    lp_kernels_init(&best, &cpu);
+    lp_kernels best; /* uncapped whatever LORAPLEX_CPU says (test_cpucap covers the caps) */
+    lp_kernels_init_capped(&best, &cpu, LP_CPU_CAP_NONE);
 #if defined(__x86_64__)
     if (cpu.avx2 && cpu.fma && cpu.f16c) {
-        lp_kernels_init(&out[n].k, &cpu);
+        lp_kernels_init_capped(&out[n].k, &cpu, LP_CPU_CAP_NONE);
         out[n].k.vbmi = false;
         out[n++].k.int_level = LP_INT_AVX2;
     }
@@ -360,7 +360,8 @@ static void test_matmul(void) {
         {LP_W8, 64, 48, 192}, {LP_W4C, 32, 37, 96}, {LP_W4C, 64, 16, 128}, {LP_W4C, 128, 100, 256},
         {LP_W4C, 32, 70, 320}, {LP_W4C, 32, 1, 32},
     };
-    static const int64_t batches[] = {1, 3, 4, 5, 6, 7, 8, 9, 12, 16, 17, 64}; /* decode, few streams (4..16), prefill */
+    /* decode, every few-row tile shape (2..16 rows: streams, speculative trees), prefill */
+    static const int64_t batches[] = {1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16, 17, 64};
     const int64_t max_b = 64, max_c = 320, max_r = 103; /* rows + 3 of stride slack */
     float *X = rand_normal(&rng, max_b * max_c, 1.0f);
     for (int64_t i = 0; i < max_c; i += 7) X[i] *= 20.0f; /* activation outliers */

@@ -30,6 +30,7 @@
 #include "tools.h"
 
 int cli_bench(int argc, char **argv);
+int cli_kernels_line(char *buf, size_t cap, lp_error *err); /* cli_model.c */
 
 #define MAX_LIST 16
 #define MAX_REPS 64
@@ -44,6 +45,7 @@ typedef struct bench_options {
     int counts[MAX_LIST], n_counts;
     bool adapter_modes, json, kv_f32;
     long bw_mib;
+    char kernels[256]; /* the kernel levels in use (cli_kernels_line) */
 } bench_options;
 
 /* ---- measurements shared by the modes ------------------------------------------------ */
@@ -375,6 +377,7 @@ static int bench_speed(const bench_options *o) {
     }
     if (!rss) rss = peak_rss_bytes();
     if (!o->json) {
+        printf("kernels: %s\n", o->kernels);
         printf("model %s: %s, %.1f MiB file, %.1f MiB weights read per token, peak RSS %.1f MiB\n",
                o->model, model_name, model_bytes / 1048576.0, wbpt / 1048576.0, rss / 1048576.0);
         printf("prompt %d tokens, %d decoded, %d runs: median (min..max)\n", o->prompt, o->n_gen,
@@ -664,6 +667,7 @@ static int bench_streams(const bench_options *o) {
                    (unsigned long long)info.weight_bytes);
         }
     } else {
+        printf("kernels: %s\n", o->kernels);
         printf("%d prompt tokens, %d tokens per stream, %d runs: median (min..max)\n", o->prompt,
                o->n_gen, o->reps);
         printf("%-3s | %-26s | %-26s | %-7s | %-22s | %-9s | %s\n", "N", "concurrent ms",
@@ -911,6 +915,7 @@ static int bench_adapter_modes(const bench_options *o) {
         print_summary_json("base_tok_s", mixed[2]);
         printf("}\n");
     } else {
+        printf("kernels: %s\n", o->kernels);
         printf("base %s: %.1f MiB, loaded in %.0f ms; adapters: %d, %.1f MiB each, loaded in "
                "%.1f ms (%.1f..%.1f)\n",
                o->model, model_bytes / 1048576.0, e.load_ms, e.n_adapters,
@@ -1058,6 +1063,10 @@ int cli_bench(int argc, char **argv) {
     bench_options o;
     int rc = parse_bench(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;
+    lp_error err = {0};
+    if (cli_kernels_line(o.kernels, sizeof o.kernels, &err)) return cli_fail("bench", &err) + 1;
+    /* JSON lines stay JSON: the levels go to stderr there (tables: above them) */
+    if (o.json) fprintf(stderr, "kernels: %s\n", o.kernels);
     if (o.adapter_modes) {
         if (!o.n_counts) default_counts(&o);
         return bench_adapter_modes(&o);

@@ -6,7 +6,13 @@
 #include <time.h>
 
 #include "../base/base.h"
+#include "../kernels/kernels.h"
 #include "cli.h"
+
+/* The kernel levels this process runs (LORAPLEX_CPU applied), for info and
+ * bench; -1 (err set) when LORAPLEX_CPU is not a level. (Declared here and
+ * in cli_bench.c rather than in cli.h.) */
+int cli_kernels_line(char *buf, size_t cap, lp_error *err);
 
 /* ---- option helpers ---------------------------------------------------------- */
 
@@ -47,6 +53,17 @@ const char *cli_value(int argc, char **argv, int *i) {
 int cli_fail(const char *what, const lp_error *err) {
     fprintf(stderr, "loraplex: %s: %s\n", what, err->message);
     return 1;
+}
+
+int cli_kernels_line(char *buf, size_t cap, lp_error *err) {
+    int cpu_cap;
+    if (lp_cpu_cap_from_env(&cpu_cap, err)) return -1;
+    lp_cpu_features cpu;
+    lp_cpu_detect(&cpu);
+    lp_kernels k;
+    lp_kernels_init_capped(&k, &cpu, cpu_cap);
+    lp_kernels_describe(&k, buf, cap);
+    return 0;
 }
 
 /* ---- info ------------------------------------------------------------------------ */
@@ -96,6 +113,8 @@ int cli_info(int argc, char **argv) {
         return 2;
     }
     lp_error err = {0};
+    char kernels[256];
+    if (cli_kernels_line(kernels, sizeof kernels, &err)) return cli_fail("info", &err) + 1;
     lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);
@@ -121,6 +140,7 @@ int cli_info(int argc, char **argv) {
     printf("chat template: %s\n", in.chat_format);
     printf("bos / eos:     %d / %d (add bos: %s)\n", lp_token_bos(model), lp_token_eos(model),
            lp_model_add_bos(model) ? "yes" : "no");
+    printf("kernels:       %s\n", kernels);
     if (tally.list) printf("weights:\n");
     lp_model_foreach_weight(model, tally_weight, &tally);
     printf("tensor types: ");

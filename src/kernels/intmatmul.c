@@ -48,9 +48,12 @@ int lp_kernels_reserve(lp_kernels *k, int64_t max_rows, int64_t max_cols, lp_err
     size_t bytes;
     if (!lp_mul_ok(act_row_bytes(max_cols, max_cols / 32 + 1), (size_t)max_rows, &bytes))
         return lp_fail(err, "kernels: activation scratch size overflows");
-    /* room for the AMX pair layout of small batches (run_int_job) */
+    /* room for the AMX pair layout of small batches and the group-major
+     * copy of few-row ones (run_int_job) */
     int64_t pair_rows = max_rows < LP_AMX_PAIR_MAX ? max_rows : LP_AMX_PAIR_MAX;
-    size_t pairs = pairs_bytes(max_cols / 32 + 1, pair_rows) + 64;
+    int64_t few_rows = max_rows < LP_FEW_ROWS_MAX ? max_rows : LP_FEW_ROWS_MAX;
+    size_t pairs = pairs_bytes(max_cols / 32 + 1, pair_rows) + 64 +
+                   act_row_bytes(max_cols, max_cols / 32 + 1) * (size_t)few_rows + 64;
     if (bytes > SIZE_MAX - pairs) return lp_fail(err, "kernels: activation scratch size overflows");
     bytes += pairs;
     if (bytes <= k->scratch_bytes) return 0;
@@ -221,6 +224,21 @@ static void place_qact(lp_qact *a, uint8_t *s, int64_t cols, int64_t groups, int
     a->d = (float *)(s + (size_t)nb * (size_t)a->q_stride);
     a->corr = (int32_t *)(a->d + nb * groups);
     a->pairs = NULL;
+    a->qg = NULL;
+    a->dg = NULL;
+    a->cg = NULL;
+}
+
+/* Copies batch row b of a into the group-major layout (lp_qact.qg). */
+static void group_row(const lp_qact *a, int group, int64_t b) {
+    const int8_t *x = a->q + b * a->q_stride;
+    for (int64_t gi = 0; gi < a->groups; gi++) {
+        int8_t *dst = a->qg + (gi * a->rows + b) * group;
+        if (group == 32) memcpy(dst, x + gi * 32, 32); /* a fixed size: two moves, no call */
+        else memcpy(dst, x + gi * group, (size_t)group);
+        a->dg[gi * a->rows + b] = a->d[b * a->groups + gi];
+        a->cg[gi * a->rows + b] = a->corr[b * a->groups + gi];
+    }
 }
 
 /* Copies batch row b of a->q into its two rows of every block of a->pairs. */
@@ -245,6 +263,7 @@ static void quantize_rows(int int_level, uint32_t type, const float *X, int64_t 
         quantize(X + b * x_stride, cols, group, offset, a->q + b * a->q_stride, a->d + b * a->groups,
                  a->corr + b * a->groups);
         if (a->pairs) pair_row(a, b);
+        if (a->qg) group_row(a, group, b);
     }
 }
 
@@ -416,6 +435,27 @@ static void place_pairs(const lp_kernels *k, int_job *job) {
     if (used + pairs_bytes(a->groups, job->nb) <= k->scratch_bytes) a->pairs = (int8_t *)k->scratch + used;
 }
 
+/* 2..LP_FEW_ROWS_MAX rows at the AVX-512 levels: the group-major copy
+ * (lp_qact.qg) after the rest in the scratch. */
+static void place_grouped(const lp_kernels *k, int_job *job) {
+    lp_qact *a = &job->a;
+    if ((k->int_level != LP_INT_AVX512VNNI && k->int_level != LP_INT_AMX) || job->nb < 2 ||
+        job->nb > LP_FEW_ROWS_MAX)
+        return;
+    /* batches the AMX kernels take (they differ from 1-row's VNNI one) need no copy */
+    uint32_t type = job->W[0]->type;
+    int group = job->geom[0].group;
+    if (k->int_level == LP_INT_AMX && pick_kernel(k, type, group, job->nb) != pick_kernel(k, type, group, 1)) return;
+    size_t row = act_row_bytes(job->W[0]->cols, a->groups);
+    size_t used = (size_t)round64((int64_t)(row * (size_t)job->nb));
+    if (a->pairs) used += (size_t)round64((int64_t)pairs_bytes(a->groups, job->nb));
+    size_t codes = (size_t)round64(job->W[0]->cols * job->nb), rest = 8 * (size_t)(a->groups * job->nb);
+    if (used + codes + rest > k->scratch_bytes) return;
+    a->qg = (int8_t *)k->scratch + used;
+    a->dg = (float *)(a->qg + codes);
+    a->cg = (int32_t *)(a->dg + a->groups * job->nb);
+}
+
 /* The integer path for job->n weights sharing one type, group and column
  * count: the batch in slices that fit the scratch, each slice quantized
  * once, then one GEMM pass over every weight's panels. */
@@ -432,6 +472,7 @@ static void run_int_job(int_job *job, lp_threadpool *pool, int64_t slice, int64_
         for (int i = 0; i < job->n; i++) job->Y[i] = Y[i] + b0 * job->y_stride[i];
         place_qact(&job->a, k->scratch, job->W[0]->cols, job->geom[0].groups, job->nb);
         place_pairs(k, job);
+        place_grouped(k, job);
         /* Quantizing one or two rows is quicker than a pool round trip. */
         lp_threadpool_run(job->nb >= 4 ? gemm_pool : NULL, quant_worker, job);
         /* Decode rows finish each pass by single panels: whoever is done

@@ -10,10 +10,12 @@
  * acc = fma(float(isum), dw * dx, acc) per lane, as in the reference.
  *
  * Register tiles: NP panels x B batch rows of int32 and float accumulators.
- * Decode (up to FEW_ROWS batch rows) uses 4 panels (independent dpbusd
- * chains, software prefetch) with the batch in blocks of up to 3 rows
- * while the weights stream in; prefill uses 1 panel x 8 batch rows so each
- * unpacked chunk feeds 16 dpbusd. Every tile shape computes an output
+ * 1-row decode uses 4 panels (independent dpbusd chains, software
+ * prefetch); 2-16 rows (decode streams, speculative trees) one panel x
+ * blocks of up to 8 rows (rows_tile: each chunk unpacked once for all of
+ * them, activations group-major so one pointer reaches every row);
+ * prefill uses 1 panel x 8 batch rows so each unpacked chunk feeds 16
+ * dpbusd. Every tile shape computes an output
  * element with the same operations, so results do not depend on the
  * batch size (batch invariance). */
 #include "kernels_internal.h"
@@ -38,6 +40,17 @@
  * measured up to 1.4x the 1-panel prefill tile when weights come from
  * DRAM. */
 #define FEW_ROWS 9
+/* From 2 up to this many batch rows take few_rows_tiles() (blocks of up
+ * to MAX_RB rows over each panel), when the quantizer laid the codes out
+ * group-major for them (lp_qact.qg); else few_rows() / few_rows_g32(). */
+#define FEW_ROWS_MAX LP_FEW_ROWS_MAX
+#define MAX_RB 8 /* batch rows per few-row block */
+/* How far ahead few_rows_tiles() prefetches its one stream: 1-4 rows
+ * (fast per byte) 8 KiB, more rows 4 KiB. Weights from DRAM (65536 x 2048
+ * W4C, one thread): 1 KiB, as the 4-panel 1-row tile takes per stream,
+ * left 2-row steps 1.9x one row; 8 KiB 1.0-1.1x (4 KiB: 1.2-1.3x); 8 rows
+ * 2.0-2.2x with 4 or 8 KiB, 2.2-2.3x with 2 KiB. */
+#define FEW_PREFETCH_BYTES(nb) ((nb) <= 4 ? 8192 : 4096)
 
 static inline int32_t load4(const int8_t *p) {
     int32_t v;
@@ -61,9 +74,10 @@ VNNI INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m512 v) {
  * demand misses, and the 4-panel tiles of a 2048-column matrix are only
  * 72 KiB. 1-row decode, 2 threads, 2048-column matrices: 26.8-28.6 ->
  * 28.2-30.3 GB/s. */
-VNNI INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t p, int NP, int64_t gi) {
+VNNI INLINE void prefetch_ahead_by(const lp_igemm *g, const uint8_t *panel, int64_t p, int NP, int64_t gi,
+                                   size_t bytes) {
     const lp_packed_geom *ge = &g->geom;
-    int64_t ahead = (int64_t)(PREFETCH_BYTES / ge->code_bytes);
+    int64_t ahead = (int64_t)(bytes / ge->code_bytes);
     if (ahead < 1) ahead = 1;
     if (ahead > ge->groups) ahead = ge->groups;
     int64_t ga = gi + ahead;
@@ -77,6 +91,10 @@ VNNI INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t
     size_t at = ge->scales_offset + (size_t)ga * ge->scale_bytes;
     if (ga == 0 && ge->scales_offset) _mm_prefetch((const char *)panel, _MM_HINT_T1); /* W4C row bases */
     if (at % 64 < ge->scale_bytes) _mm_prefetch((const char *)panel + at, _MM_HINT_T1);
+}
+
+VNNI INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t p, int NP, int64_t gi) {
+    prefetch_ahead_by(g, panel, p, NP, gi, PREFETCH_BYTES);
 }
 
 /* Tile of type W4, W8 or W4C: panels p..p+NP-1, batch rows b0..b0+B-1. */
@@ -142,6 +160,115 @@ VNNI INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, int64
     }
     for (int i = 0; i < NP; i++)
         for (int b = 0; b < B; b++) store_rows(g, p + i, b0 + b, accf[i][b]);
+}
+
+/* acc += w (unsigned bytes) x the 4 signed activation bytes at x, broadcast
+ * to every lane by the instruction itself ({1to16}): GCC 12 folds
+ * broadcasts into fma and add but not into vpdpbusd, and the separate
+ * vpbroadcastd were a third of a few-row tile's instructions (clang folds
+ * them itself). */
+VNNI INLINE __m512i dpbusd_x4(__m512i acc, __m512i w, const int8_t *x) {
+#if defined(__GNUC__) && !defined(__clang__)
+    __asm__("vpdpbusd %2%{1to16%}, %1, %0" : "+v"(acc) : "v"(w), "m"(*(const int8_t(*)[4])x));
+    return acc;
+#else
+    return _mm512_dpbusd_epi32(acc, w, _mm512_set1_epi32(load4(x)));
+#endif
+}
+
+/* Few-row tile: panel p x RB batch rows b0.. (RB <= MAX_RB), every
+ * group's int32 sums in registers (two vpdpbusd chains per row: low and
+ * high nibbles, or W8's even and odd chunks, 4 long at group 32, so that
+ * about two groups' chains in flight cover the instruction's latency;
+ * their sum is the same exact integer) and the float accumulators too.
+ * Each 64-byte chunk of codes is loaded and unpacked once for all RB rows;
+ * the activation bytes of a group come from the group-major copy
+ * (lp_qact.qg), one pointer for every row; the scale products take dx as
+ * the vmulps' broadcast operand. Per group and row: G/4 vpdpbusd (the
+ * activations as their broadcast operand, dpbusd_x4) plus the float
+ * finish (add, convert, dw * dx, fma). G: the group when a
+ * compile-time 32 (chunks fully unrolled), else 0 (the geometry's). pf:
+ * how many bytes ahead to prefetch the stream, or 0 (a panel's later
+ * blocks of rows find it in L1/L2). Same operations per output as tile() and the
+ * reference, so the same bits. */
+VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int RB, int G_const, size_t pf) {
+    const lp_packed_geom *ge = &g->geom;
+    const lp_qact *a = g->a;
+    const int G = G_const ? G_const : ge->group;
+    const int64_t groups = ge->groups, nb = a->rows;
+    const size_t cb = ge->code_bytes;
+    const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
+    const uint8_t *codes = panel + ge->codes_offset;
+    __m512 accf[MAX_RB];
+    for (int r = 0; r < RB; r++) accf[r] = _mm512_setzero_ps();
+    for (int64_t gi = 0; gi < groups; gi++) {
+        if (pf) prefetch_ahead_by(g, panel, p, 1, gi, pf);
+        const int8_t *xg = a->qg + (gi * nb + b0) * G;
+        const float *dg = a->dg + gi * nb + b0;
+        const int32_t *cg = a->cg + gi * nb + b0;
+        const uint8_t *c = codes + (size_t)gi * cb;
+        __m512i acc[MAX_RB], acc2[MAX_RB];
+        for (int r = 0; r < RB; r++) {
+            acc[r] = _mm512_set1_epi32(cg[r]);
+            acc2[r] = _mm512_setzero_si512();
+        }
+        if (type != LP_W8) {
+            for (int k = 0; k < G / 8; k++) {
+                __m512i lo, hi;
+                lp_unpack_nibbles512(type, false, _mm512_loadu_si512(c + 64 * (size_t)k), &lo, &hi);
+                for (int r = 0; r < RB; r++) {
+                    acc[r] = dpbusd_x4(acc[r], lo, xg + r * G + 8 * k);
+                    acc2[r] = dpbusd_x4(acc2[r], hi, xg + r * G + 8 * k + 4);
+                }
+            }
+        } else {
+            for (int k = 0; k < G / 4; k += 2) {
+                __m512i w0 = _mm512_loadu_si512(c + 64 * (size_t)k), w1 = _mm512_loadu_si512(c + 64 * (size_t)k + 64);
+                for (int r = 0; r < RB; r++) {
+                    acc[r] = dpbusd_x4(acc[r], w0, xg + r * G + 4 * k);
+                    acc2[r] = dpbusd_x4(acc2[r], w1, xg + r * G + 4 * k + 4);
+                }
+            }
+        }
+        __m512 dw = lp_panel_scales512(type, ge, panel, gi);
+        for (int r = 0; r < RB; r++)
+            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r])),
+                                      _mm512_mul_ps(dw, _mm512_set1_ps(dg[r])), accf[r]);
+    }
+    for (int r = 0; r < RB; r++) store_rows(g, p, b0 + r, accf[r]);
+}
+
+/* rows_tile with RB a constant (1 <= rb <= MAX_RB). */
+VNNI INLINE void rows_tile_rb(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int rb, int G, size_t pf) {
+    switch (rb) {
+    case 1: rows_tile(g, type, p, b0, 1, G, pf); break;
+    case 2: rows_tile(g, type, p, b0, 2, G, pf); break;
+    case 3: rows_tile(g, type, p, b0, 3, G, pf); break;
+    case 4: rows_tile(g, type, p, b0, 4, G, pf); break;
+    case 5: rows_tile(g, type, p, b0, 5, G, pf); break;
+    case 6: rows_tile(g, type, p, b0, 6, G, pf); break;
+#if MAX_RB >= 7
+    case 7: rows_tile(g, type, p, b0, 7, G, pf); break;
+#endif
+#if MAX_RB >= 8
+    case 8: rows_tile(g, type, p, b0, 8, G, pf); break;
+#endif
+    default: break;
+    }
+}
+
+/* FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (decode streams, speculative
+ * trees): the rows in as few blocks of up to MAX_RB as hold them, as even
+ * as they go, over each panel in turn. Later blocks read the panel the
+ * first just brought into L1/L2. */
+VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
+    const int64_t nb = g->nb;
+    const int64_t nblocks = (nb + MAX_RB - 1) / MAX_RB;
+    int64_t start[LP_FEW_ROWS_MAX + 1];
+    for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
+    for (int64_t p = g->p0; p < g->p1; p++)
+        for (int64_t j = 0; j < nblocks; j++)
+            rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES(nb) : 0);
 }
 
 /* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels. */
@@ -245,6 +372,11 @@ VNNI INLINE void few_rows_g32(const lp_igemm *g, uint32_t type) {
 
 VNNI INLINE void gemm(const lp_igemm *g, uint32_t type) {
     int64_t b0 = 0;
+    if (g->nb >= 2 && g->nb <= FEW_ROWS_MAX && g->a->qg) {
+        if (g->geom.group == 32) few_rows_tiles(g, type, 32);
+        else few_rows_tiles(g, type, 0);
+        return;
+    }
     if (g->nb > 3 && g->nb <= FEW_ROWS) {
         if (g->geom.group == 32) few_rows_g32(g, type);
         else few_rows(g, type);

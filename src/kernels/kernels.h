@@ -110,10 +110,51 @@ typedef struct lp_kernels {
     /* Quantized-activation scratch, see lp_kernels_reserve. */
     void *scratch;
     size_t scratch_bytes;
+    /* The ceiling the levels were picked under (LP_CPU_CAP_*; LP_CPU_CAP_NONE
+     * when LORAPLEX_CPU is unset), and whether LORAPLEX_CPU held a value
+     * that is not a level (then ignored, with a warning). */
+    int cpu_cap;
+    bool cpu_cap_invalid;
 } lp_kernels;
 
-/* Both reset *k (call lp_kernels_free first if it holds scratch). */
+/* ---- dispatch caps (LORAPLEX_CPU) ---------------------------------------------- */
+
+/* Ceilings on the levels lp_kernels_init picks, lowest first: the dispatch
+ * runs as it would on a CPU that has at most that level (e.g. an AMX box
+ * measured as an AVX-512 VNNI one). AVX512: the AVX-512 float kernels with
+ * the AVX2 integer ones; NEON_DOT: Arm's only level above the reference.
+ * Every level gives the integer kernels' bits, so a cap changes speed, not
+ * results (the float kernels of different levels may differ in the last
+ * bits). */
+enum { LP_CPU_CAP_REFERENCE = 0, LP_CPU_CAP_AVX2, LP_CPU_CAP_AVX512, LP_CPU_CAP_AVX512VNNI, LP_CPU_CAP_AMX,
+       LP_CPU_CAP_NEON_DOT, LP_CPU_CAP_NONE };
+/* The environment variable, and the values it takes on this build's
+ * architecture, as a list for messages: x86-64 "amx, avx512-vnni, avx512,
+ * avx2, reference"; aarch64 "neon-dotprod, reference". */
+#define LP_CPU_ENV "LORAPLEX_CPU"
+const char *lp_cpu_cap_names(void);
+/* Parses a cap name (case-insensitive; "amx-int8" = "amx", "avx512vnni" =
+ * "avx512-vnni", "dotprod" = "neon-dotprod", "ref" / "c" = "reference") into
+ * *cap. Returns 0, or -1 for anything else, names of another architecture
+ * included. */
+int lp_cpu_cap_parse(const char *text, int *cap);
+const char *lp_cpu_cap_name(int cap);
+/* LORAPLEX_CPU's cap: 0 with *cap = LP_CPU_CAP_NONE when unset or empty,
+ * -1 (err set, naming the accepted values) when it is not a level. */
+int lp_cpu_cap_from_env(int *cap, lp_error *err);
+
+/* Both reset *k (call lp_kernels_free first if it holds scratch).
+ * lp_kernels_init applies LORAPLEX_CPU (lp_cpu_cap_from_env): an invalid
+ * value is ignored with a warning on stderr, the only one this library
+ * writes; loraplex info and bench refuse to run with one. */
 void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu);
+/* lp_kernels_init under an explicit cap (LP_CPU_CAP_*), ignoring the
+ * environment. */
+void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap);
+/* One line for logs: the integer and float levels in use, and when capped,
+ * the cap and the levels this CPU would run, e.g. "avx2 (float avx2),
+ * capped by LORAPLEX_CPU=avx2 (this CPU: avx512-vnni vbmi, float avx512)". */
+void lp_kernels_describe(const lp_kernels *k, char *buf, size_t cap);
 /* Forces the plain C reference everywhere (tests). */
 void lp_kernels_init_reference(lp_kernels *k);
 /* Allocates the int8 activation scratch once: enough for lp_matmul calls

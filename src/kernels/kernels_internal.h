@@ -108,7 +108,18 @@ typedef struct lp_qact {
      * separate tile rows (filled by intmatmul.c, read by stream_pairs in
      * intmatmul_amx.c). */
     int8_t *pairs;
+    /* NULL, or (batches of 2..LP_FEW_ROWS_MAX rows at the AVX-512 VNNI and
+     * AMX levels) the same codes, scales and corrections group-major:
+     * group gi of row b at qg + (gi * rows + b) * group, dg[gi * rows + b],
+     * cg[gi * rows + b], so that one pointer per group reaches every row
+     * at fixed offsets (filled by intmatmul.c, read by the few-row tiles
+     * of intmatmul_avx512.c). */
+    int8_t *qg;
+    float *dg;
+    int32_t *cg;
 } lp_qact;
+/* The most batch rows lp_qact.qg is laid out for. */
+#define LP_FEW_ROWS_MAX 16
 
 /* One integer GEMM job: panels [p0, p1) of a packed matrix against batch
  * rows [0, nb) of a. y[b*y_stride + r] for r = 16*p + lane < rows. */

@@ -14,6 +14,8 @@
  * batching and thread count. */
 #include "kernels_internal.h"
 
+#include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 void lp_kernels_init_reference(lp_kernels *k) {
@@ -29,14 +31,91 @@ void lp_kernels_init_reference(lp_kernels *k) {
     k->level = 0;
     k->int_level = LP_INT_REF;
     k->int8_activations = true;
+    k->cpu_cap = LP_CPU_CAP_NONE;
+}
+
+/* ---- dispatch caps (LORAPLEX_CPU) ---------------------------------------------- */
+
+typedef struct cap_alias {
+    const char *name;
+    int cap;
+} cap_alias;
+
+/* This architecture's cap names, canonical names first (highest level
+ * first, as lp_cpu_cap_names lists them), then aliases. */
+static const cap_alias k_caps[] = {
+#if defined(__x86_64__)
+    {"amx", LP_CPU_CAP_AMX},           {"avx512-vnni", LP_CPU_CAP_AVX512VNNI}, {"avx512", LP_CPU_CAP_AVX512},
+    {"avx2", LP_CPU_CAP_AVX2},         {"reference", LP_CPU_CAP_REFERENCE},    {"amx-int8", LP_CPU_CAP_AMX},
+    {"avx512vnni", LP_CPU_CAP_AVX512VNNI}, {"avx512_vnni", LP_CPU_CAP_AVX512VNNI},
+#elif defined(__aarch64__)
+    {"neon-dotprod", LP_CPU_CAP_NEON_DOT}, {"reference", LP_CPU_CAP_REFERENCE}, {"dotprod", LP_CPU_CAP_NEON_DOT},
+#else
+    {"reference", LP_CPU_CAP_REFERENCE},
+#endif
+    {"ref", LP_CPU_CAP_REFERENCE},     {"c", LP_CPU_CAP_REFERENCE},
+};
+
+const char *lp_cpu_cap_names(void) {
+#if defined(__x86_64__)
+    return "amx, avx512-vnni, avx512, avx2, reference";
+#elif defined(__aarch64__)
+    return "neon-dotprod, reference";
+#else
+    return "reference";
+#endif
+}
+
+static bool same_name(const char *a, const char *b) {
+    for (; *a && *b; a++, b++) {
+        char x = *a >= 'A' && *a <= 'Z' ? (char)(*a - 'A' + 'a') : *a;
+        if (x != *b) return false;
+    }
+    return *a == *b;
+}
+
+int lp_cpu_cap_parse(const char *text, int *cap) {
+    for (size_t i = 0; text && i < sizeof k_caps / sizeof k_caps[0]; i++)
+        if (same_name(text, k_caps[i].name)) {
+            *cap = k_caps[i].cap;
+            return 0;
+        }
+    return -1;
+}
+
+const char *lp_cpu_cap_name(int cap) {
+    for (size_t i = 0; i < sizeof k_caps / sizeof k_caps[0]; i++)
+        if (k_caps[i].cap == cap) return k_caps[i].name;
+    return cap == LP_CPU_CAP_NONE ? "none" : "?";
+}
+
+int lp_cpu_cap_from_env(int *cap, lp_error *err) {
+    *cap = LP_CPU_CAP_NONE;
+    const char *v = getenv(LP_CPU_ENV);
+    if (!v || !*v) return 0;
+    if (lp_cpu_cap_parse(v, cap) == 0) return 0;
+    *cap = LP_CPU_CAP_NONE;
+    return lp_fail(err, "%s=%.64s is not a kernel level; accepted: %s", LP_CPU_ENV, v, lp_cpu_cap_names());
 }
 
 void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
+    int cap;
+    lp_error err = {0};
+    bool invalid = lp_cpu_cap_from_env(&cap, &err) != 0;
+    if (invalid) fprintf(stderr, "loraplex: warning: %s (not capped)\n", err.message);
+    lp_kernels_init_capped(k, cpu, cap);
+    k->cpu_cap_invalid = invalid;
+}
+
+void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap) {
     lp_kernels_init_reference(k);
     k->cpu = *cpu;
+    k->cpu_cap = cap;
+    if (cap == LP_CPU_CAP_REFERENCE) return;
 #if defined(__x86_64__)
     bool avx2 = cpu->avx2 && cpu->fma && cpu->f16c;
-    if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl) {
+    bool avx512 = avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cap != LP_CPU_CAP_AVX2;
+    if (avx512) {
         k->level = 2;
         k->dot_f32 = lp_dot_f32_avx512;
         k->axpy_f32 = lp_axpy_avx512;
@@ -53,16 +132,34 @@ void lp_kernels_init(lp_kernels *k, const lp_cpu_features *cpu) {
         k->round_f16 = lp_round_f16_avx2;
         k->to_f16 = lp_to_f16_avx2;
     }
-    if (avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cpu->avx512vnni) {
+    if (avx512 && cpu->avx512vnni && cap != LP_CPU_CAP_AVX512) {
         k->vbmi = cpu->avx512vbmi;
         /* the AMX kernels are built with VBMI (every AMX CPU has it) */
-        k->int_level = k->vbmi && lp_amx_available() ? LP_INT_AMX : LP_INT_AVX512VNNI;
+        bool amx = cap != LP_CPU_CAP_AVX512VNNI && k->vbmi && lp_amx_available();
+        k->int_level = amx ? LP_INT_AMX : LP_INT_AVX512VNNI;
     }
     else if (avx2)
         k->int_level = LP_INT_AVX2;
 #elif defined(LP_HAVE_NEON_DOT)
     if (cpu->dotprod) k->int_level = LP_INT_NEON_DOT;
 #endif
+}
+
+static const char *float_level_name(int level) {
+    return level == 2 ? "avx512" : level == 1 ? "avx2" : "reference";
+}
+
+void lp_kernels_describe(const lp_kernels *k, char *buf, size_t cap) {
+    if (!cap) return;
+    lp_kernels native;
+    lp_kernels_init_capped(&native, &k->cpu, LP_CPU_CAP_NONE);
+    int w = snprintf(buf, cap, "%s%s (float %s)", lp_int_level_name(k->int_level),
+                     k->vbmi ? " vbmi" : "", float_level_name(k->level));
+    if (w < 0 || (size_t)w >= cap || k->cpu_cap == LP_CPU_CAP_NONE) return;
+    bool lowered = native.int_level != k->int_level || native.level != k->level || native.vbmi != k->vbmi;
+    snprintf(buf + w, cap - (size_t)w, ", %s %s=%s (this CPU: %s%s, float %s)", lowered ? "capped by" : "not lowered by",
+             LP_CPU_ENV, lp_cpu_cap_name(k->cpu_cap), lp_int_level_name(native.int_level), native.vbmi ? " vbmi" : "",
+             float_level_name(native.level));
 }
 
 /* ---- per-level building blocks ---------------------------------------------- */
