@@ -233,8 +233,6 @@ void lp_context_free(lp_context *ctx) {
     free(ctx);
 }
 
-size_t lp_context_plan_bytes(const lp_context *ctx) { return ctx->plan.bytes; }
-
 const lp_model *lp_context_model(const lp_context *ctx) { return ctx->model; }
 
 void lp_context_get_params(const lp_context *ctx, lp_context_params *params) { *params = ctx->params; }

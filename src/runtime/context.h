@@ -179,8 +179,6 @@ float *lp_batch_values(const lp_context *ctx, int l);
  * size of the pending-LoRA record the plan holds for it. */
 void lp_group_rows_by_adapter(lp_context *ctx);
 size_t lp_lora_batch_bytes(void);
-/* Bytes of the plan's arena (every view). */
-size_t lp_context_plan_bytes(const lp_context *ctx);
 
 /* Splits rows 0..n_rows of the batch across the pool for elementwise
  * steps when the batch is big enough to pay for the hand-off. */
