@@ -509,6 +509,7 @@ const char *lp_forecast_adapter_name(const lp_forecast *f); /* "" for the base *
 
 #define LP_SPEC_MAX_DEPTH 8
 #define LP_SPEC_MAX_NODES 64
+#define LP_SPEC_COST_ROWS 64
 
 /* How a request speculates (lp_request.speculate). Greedy or sampled, the
  * output is the plain output (for a seed, token for token); a speculative
@@ -531,10 +532,22 @@ typedef struct lp_speculate {
     int lookup_len;              /* ... and propose the (at most) lookup_len tokens
                                     that followed it, as one more branch */
     int max_nodes;               /* candidate nodes per step (0: LP_SPEC_MAX_NODES) */
+    float pass_cost[LP_SPEC_COST_ROWS]; /* all 0: place every candidate. Else [r - 1] is
+                                    the cost of one forward of r rows relative to
+                                    one row (lp_speculate_measure_cost), and each
+                                    step places the most likely candidates (by the
+                                    request's own acceptance counts) that maximise
+                                    expected tokens per cost, down to none */
 } lp_speculate;
 
-/* forecast NULL, depth 0, prompt lookup off. */
+/* forecast NULL, depth 0, prompt lookup off, no cost model. */
 lp_speculate lp_speculate_default(void);
+
+/* Times forwards of 1..n rows (a chain after a context of ctx_len tokens, on
+ * the context's last sequence, which must be empty and is left empty) and
+ * writes cost[r - 1] = time(r rows) / time(1 row), made non-decreasing. Call
+ * it while nothing else uses the context; n <= LP_SPEC_COST_ROWS. */
+int lp_speculate_measure_cost(lp_context *ctx, int ctx_len, float *cost, int n, lp_error *err);
 
 typedef struct lp_spec_stats {
     int n_passes;      /* forwards that produced at least one of its tokens */

@@ -94,12 +94,12 @@ mkdir -p "$work/fc"
 "$bin" bench --speculate "$work/fc" -m "$demo/base.gguf" --data "$demo/eval/tasks" --records 3 -n 24 \
   --trees "2;2,1" --adapters correct="$demo/adapters/correct.lpa",reply="$demo/adapters/reply.lpa" \
   >"$work/bench" 2>"$work/err"; rc=$?
-[ $rc -eq 0 ] && [ "$(grep -c ' 3/3 ' "$work/bench")" -eq 8 ] && grep -q "chosen" "$work/bench" \
+[ $rc -eq 0 ] && [ "$(grep -c ' 3/3 ' "$work/bench")" -eq 12 ] && grep -q "chosen" "$work/bench" \
   && grep -q "reply (3 prompts, no forecast set" "$work/bench" && grep -q "^  \[2,1\]+lookup" "$work/bench" \
   && grep -q "cost of one forward" "$work/bench" && ok || { bad "bench --speculate rc=$rc"; cat "$work/bench" "$work/err" >&2; }
 "$bin" bench --speculate "$work/fc" -m "$demo/base.gguf" --data "$demo/eval/tasks" --records 2 -n 16 --json \
   --trees 2 --adapters correct="$demo/adapters/correct.lpa" >"$work/bj" 2>/dev/null \
-  && [ "$(grep -c '"identical": 2, "records": 2' "$work/bj")" -eq 4 ] && ok || { bad "bench --speculate --json"; cat "$work/bj" >&2; }
+  && [ "$(grep -c '"identical": 2, "records": 2' "$work/bj")" -eq 6 ] && ok || { bad "bench --speculate --json"; cat "$work/bj" >&2; }
 "$bin" bench --speculate none -m "$demo/base.gguf" --data "$work/nowhere" 2>"$work/err"; rc=$?
 [ $rc -ne 0 ] && grep -q "nowhere/base.eval.jsonl" "$work/err" && ok || bad "bench --speculate, missing data: rc=$rc"
 

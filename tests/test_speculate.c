@@ -556,6 +556,86 @@ static void test_sampled_equal(const lp_model *m, const lp_adapter *lora) {
     lp_forecast_free(f);
 }
 
+/* The cost model only changes which candidates are placed, never the
+ * output: a flat cost places them all (the same passes as no model), a
+ * linear one (r rows cost r) none, one in between some; the measured costs
+ * are sane and leave the context as they found it. */
+static void spec_totals_of(const lp_model *m, const lp_adapter *a, const lp_speculate *sp, lp_spec_stats *sum) {
+    *sum = (lp_spec_stats){0};
+    for (int p = 0; p < N_PROMPTS; p++) {
+        lp_context *ctx = make_ctx(m, 1);
+        result *res = calloc(1, sizeof *res);
+        job j = {PROMPTS[p], a, sp, 64, NULL};
+        run_one(ctx, &j, res);
+        sum->n_passes += res->spec.n_passes;
+        sum->n_generated += res->spec.n_generated;
+        sum->n_drafted += res->spec.n_drafted;
+        sum->n_accepted += res->spec.n_accepted;
+        free(res);
+        lp_context_free(ctx);
+    }
+}
+
+static void test_cost_model(const lp_model *m, const lp_adapter *lora) {
+    lp_error err;
+    lp_forecast *f = random_forecast(m, 2, 7, 0.5f);
+    lp_speculate sp[4];
+    for (int i = 0; i < 4; i++) {
+        sp[i] = lp_speculate_default();
+        sp[i].forecast = f, sp[i].depth = 2, sp[i].branches[0] = 3, sp[i].branches[1] = 2;
+        sp[i].lookup_ngram = 3, sp[i].lookup_len = 8;
+    }
+    for (int r = 0; r < LP_SPEC_COST_ROWS; r++) {
+        sp[1].pass_cost[r] = 1.0f;                    /* flat */
+        sp[2].pass_cost[r] = (float)(r + 1);          /* linear */
+        sp[3].pass_cost[r] = 1.0f + 0.04f * (float)r; /* in between */
+    }
+    const char *names[4] = {"no cost model", "flat cost", "linear cost", "1 + 0.04 per row"};
+    compare_all(m, lora, sp, 4, names, "cost model", 64);
+    lp_spec_stats t[4];
+    for (int i = 0; i < 4; i++) spec_totals_of(m, lora, &sp[i], &t[i]);
+    CHECK_MSG(t[1].n_passes == t[0].n_passes && t[1].n_drafted == t[0].n_drafted,
+              "a flat cost placed %d candidates in %d passes, without a model %d in %d", t[1].n_drafted,
+              t[1].n_passes, t[0].n_drafted, t[0].n_passes);
+    CHECK_MSG(t[2].n_drafted == 0 && t[2].n_passes == t[2].n_generated,
+              "a linear cost still placed %d candidates", t[2].n_drafted);
+    CHECK_MSG(t[3].n_drafted > 0 && t[3].n_drafted < t[0].n_drafted && t[3].n_accepted > 0,
+              "1 + 0.04 per row placed %d of %d candidates (%d accepted)", t[3].n_drafted, t[0].n_drafted,
+              t[3].n_accepted);
+    printf("cost model 1 + 0.04/row: %d candidates placed (of %d without), %.2f tokens per pass (%.2f without)\n",
+           t[3].n_drafted, t[0].n_drafted, (double)t[3].n_generated / t[3].n_passes,
+           (double)t[0].n_generated / t[0].n_passes);
+
+    /* a table that is not a cost */
+    lp_context *ctx = make_ctx(m, 1);
+    lp_engine *e = lp_engine_create(ctx, NULL, &err);
+    lp_request q = lp_request_default();
+    q.text = "Hello";
+    lp_speculate bad = sp[3];
+    bad.pass_cost[5] = 0.5f;
+    q.speculate = &bad;
+    CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID && strstr(err.message, "pass_cost[5]"));
+    bad.pass_cost[5] = NAN;
+    CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID);
+    lp_engine_free(e);
+
+    /* measured: 1 for one row, then positive and non-decreasing; the sequence left empty */
+    float cost[LP_SPEC_COST_ROWS];
+    lp_context_params cp;
+    lp_context_get_params(ctx, &cp);
+    CHECK_MSG(lp_speculate_measure_cost(ctx, 32, cost, LP_SPEC_COST_ROWS, &err) == 0, "%s", err.message);
+    bool sane = cost[0] == 1;
+    for (int r = 1; r < LP_SPEC_COST_ROWS; r++) sane &= cost[r] >= cost[r - 1] && isfinite(cost[r]);
+    CHECK_MSG(sane, "measured costs: %g %g ... %g", (double)cost[0], (double)cost[1], (double)cost[63]);
+    CHECK(lp_seq_length(ctx, cp.max_sequences - 1) == 0);
+    lp_row row = {.token = 3, .pos = 0, .seq = cp.max_sequences - 1, .parent = -1, .commit = true};
+    CHECK(lp_forward(ctx, &row, 1, &err) == 0);
+    CHECK(lp_speculate_measure_cost(ctx, 32, cost, 8, &err) != 0 && strstr(err.message, "in use"));
+    CHECK(lp_speculate_measure_cost(ctx, 32, cost, LP_SPEC_COST_ROWS + 1, &err) != 0 && err.status == LP_ERR_INVALID);
+    lp_context_free(ctx);
+    lp_forecast_free(f);
+}
+
 /* The engine refuses what it cannot do exactly. */
 static void test_refusals(const lp_model *m) {
     lp_error err;
@@ -756,6 +836,7 @@ int main(void) {
     test_tight(m);
     test_repeat_penalty(m);
     test_sampled_equal(m, lora);
+    test_cost_model(m, lora);
     test_refusals(m);
     if (s) {
         test_tree_rows_bitwise(s);

@@ -12,7 +12,6 @@
  * that many rows), and how many outputs were identical to plain decoding
  * (all must be); the tree with the best measured tok/s is the one chosen.
  * First, once: the cost of one forward of R tree rows relative to 1 row. */
-#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -28,12 +27,12 @@ int cli_bench_speculate(int argc, char **argv);
 int cli_kernels_line(char *buf, size_t cap, lp_error *err); /* cli_model.c */
 
 #define MAX_TASKS 32
-#define MAX_TREES 12
+#define MAX_TREES 20
 #define MAX_RECORDS 256
 #define MAX_OUT 512
-#define COST_ROWS 10
+#define COST_SHOWN 10
 
-static const int cost_rows[COST_ROWS] = {1, 2, 3, 4, 6, 8, 12, 16, 24, 32};
+static const int cost_rows[COST_SHOWN] = {1, 2, 3, 4, 6, 8, 12, 16, 32, 64};
 
 typedef struct spec_options {
     const char *model, *speculate, *adapters, *data, *trees, *lookup;
@@ -46,12 +45,13 @@ typedef struct spec_options {
 typedef struct spec_config {
     char name[64];
     int depth, branches[LP_SPEC_MAX_DEPTH];
-    bool lookup, plain;
+    bool lookup, plain, cost_model;
 } spec_config;
 
 typedef struct config_result {
     double decode_s;                  /* decode time over all records (median rep) */
-    int64_t tokens, passes, rows;     /* decode tokens (after the first), passes, rows */
+    int64_t tokens, generated;        /* decode tokens (after the first); all of them */
+    int64_t passes, rows;             /* forwards, and their rows (a prompt's counted as one) */
     int identical;                    /* outputs equal to plain decoding's */
 } config_result;
 
@@ -106,51 +106,15 @@ static int records_load(const lp_model *m, const char *path, int max, record_set
 
 /* ---- the cost of a pass of R rows ------------------------------------------------------ */
 
-/* Median seconds of one forward of `n` rows forming one chain after a
- * committed prompt of `ctx_len` tokens (none of them committed). */
-static double pass_seconds(lp_context *ctx, int n, int ctx_len, int reps, lp_error *err) {
-    lp_row rows[32];
-    for (int j = 0; j < n; j++)
-        rows[j] = (lp_row){.token = 10 + j, .pos = ctx_len + j, .parent = j - 1, .logits = true};
-    double t[64];
-    if (reps > 64) reps = 64;
-    for (int r = 0; r < reps; r++) {
-        double t0 = lp_now_seconds();
-        if (lp_forward(ctx, rows, n, err)) return -1;
-        t[r] = lp_now_seconds() - t0;
-    }
-    return tool_summarize(t, reps).median;
-}
-
-static int measure_costs(lp_context *ctx, int ctx_len, double *rel, lp_error *err) {
-    lp_row *prompt = malloc((size_t)ctx_len * sizeof *prompt);
-    if (!prompt) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
-    for (int i = 0; i < ctx_len; i++)
-        prompt[i] = (lp_row){.token = 10 + i % 50, .pos = i, .parent = i - 1, .commit = true};
-    prompt[ctx_len - 1].logits = true;
-    int rc = lp_forward(ctx, prompt, ctx_len, err);
-    free(prompt);
-    if (rc) return -1;
-    pass_seconds(ctx, 1, ctx_len, 8, err); /* warm */
-    double one = pass_seconds(ctx, 1, ctx_len, 40, err);
-    for (int i = 0; i < COST_ROWS; i++) {
-        double s = pass_seconds(ctx, cost_rows[i], ctx_len, 40, err);
-        if (s < 0 || one <= 0) return -1;
-        rel[i] = s / one;
-    }
-    lp_seq_truncate(ctx, 0, 0, NULL);
-    return 0;
-}
-
-/* Relative cost of a pass of `rows` rows, linear between the measured ones. */
-static double cost_at(const double *rel, double rows) {
+/* Relative cost of a pass of `rows` rows (lp_speculate_measure_cost's
+ * table), linear between whole rows and on past the table. */
+static double cost_at(const float *cost, double rows) {
     if (rows <= 1) return 1;
-    for (int i = 1; i < COST_ROWS; i++)
-        if (rows <= cost_rows[i]) {
-            double f = (rows - cost_rows[i - 1]) / (cost_rows[i] - cost_rows[i - 1]);
-            return rel[i - 1] + f * (rel[i] - rel[i - 1]);
-        }
-    return rel[COST_ROWS - 1] * rows / cost_rows[COST_ROWS - 1];
+    int lo = (int)rows;
+    if (lo >= LP_SPEC_COST_ROWS)
+        return cost[LP_SPEC_COST_ROWS - 1] +
+               (rows - LP_SPEC_COST_ROWS) * (cost[LP_SPEC_COST_ROWS - 1] - cost[LP_SPEC_COST_ROWS - 2]);
+    return cost[lo - 1] + (rows - lo) * (cost[lo] - cost[lo - 1]);
 }
 
 /* ---- decoding the records under one configuration ------------------------------------ */
@@ -167,9 +131,10 @@ static bool collect(void *user, int request, const char *text, size_t len) {
 
 /* Decodes every record alone; outputs into outs (one per record). */
 static int run_config(lp_context *ctx, const lp_adapter *adapter, const lp_forecast *f, const spec_config *c,
-                      const spec_options *o, const record_set *rs, output *outs, config_result *res,
-                      lp_error *err) {
+                      const spec_options *o, const record_set *rs, const float *cost, output *outs,
+                      config_result *res, lp_error *err) {
     lp_speculate sp = lp_speculate_default();
+    if (c->cost_model) memcpy(sp.pass_cost, cost, sizeof sp.pass_cost);
     if (c->depth > 0) {
         sp.forecast = f;
         sp.depth = c->depth;
@@ -182,9 +147,12 @@ static int run_config(lp_context *ctx, const lp_adapter *adapter, const lp_forec
         sp.lookup_len = len;
     }
     *res = (config_result){0};
-    for (int i = 0; i < rs->n; i++) {
-        lp_engine *e = lp_engine_create(ctx, NULL, err);
-        if (!e) return -1;
+    /* one engine for all records, as a server would: the cost model's
+     * acceptance counts carry from one request of a task to the next */
+    lp_engine *e = lp_engine_create(ctx, NULL, err);
+    if (!e) return -1;
+    int rc = 0;
+    for (int i = 0; i < rs->n && !rc; i++) {
         lp_request q = lp_request_default();
         q.prompt = rs->prompt[i];
         q.n_prompt = rs->len[i];
@@ -195,39 +163,40 @@ static int run_config(lp_context *ctx, const lp_adapter *adapter, const lp_forec
         q.speculate = c->plain ? NULL : &sp;
         q.fn = collect;
         q.no_reuse = q.drop_kv = true;
+        int64_t steps0, rows0, steps1, rows1;
+        lp_engine_counts(e, &steps0, &rows0);
         int id = lp_engine_submit(e, &q, err);
         if (id < 0) {
-            lp_engine_free(e);
-            return -1;
+            rc = -1;
+            break;
         }
         double t1 = 0;
-        for (int left = 1; left > 0;) {
-            if ((left = lp_engine_step(e, err)) < 0) {
-                lp_engine_free(e);
-                return -1;
-            }
+        for (int left = 1; left > 0 && !rc;) {
+            if ((left = lp_engine_step(e, err)) < 0) rc = -1;
             lp_request_stats st;
             lp_engine_request_stats(e, id, &st);
             if (t1 == 0 && st.n_generated > 0) t1 = lp_now_seconds();
         }
         double t2 = lp_now_seconds();
         lp_request_stats st;
-        lp_spec_stats ss;
         lp_engine_request_stats(e, id, &st);
-        lp_engine_request_spec_stats(e, id, &ss);
+        lp_engine_counts(e, &steps1, &rows1);
         int n_tok = 0;
         const int32_t *tok = lp_engine_request_tokens(e, id, &n_tok);
         outs[i].n = n_tok < MAX_OUT ? n_tok : MAX_OUT;
         if (outs[i].n > 0) memcpy(outs[i].tok, tok, (size_t)outs[i].n * sizeof *tok);
-        lp_engine_free(e);
+        lp_engine_release(e, id);
         if (st.n_generated > 1) {
             res->decode_s += t2 - t1;
             res->tokens += st.n_generated - 1;
         }
-        res->passes += c->plain ? st.n_generated : ss.n_passes;
-        res->rows += c->plain ? st.n_generated : ss.n_passes + ss.n_tree_rows + ss.n_forecast_rows;
+        /* every forward, the prefill's and an end-of-text one's included */
+        res->generated += st.n_generated;
+        res->passes += steps1 - steps0;
+        res->rows += rows1 - rows0 - (rs->len[i] - 1);
     }
-    return 0;
+    lp_engine_free(e);
+    return rc;
 }
 
 static bool same_output(const output *a, const output *b) {
@@ -307,9 +276,10 @@ static int make_configs(const char *trees, bool forecast, spec_config *out) {
     int n = 0;
     out[n++] = (spec_config){.name = "plain", .plain = true};
     out[n++] = (spec_config){.name = "lookup", .lookup = true};
+    out[n++] = (spec_config){.name = "lookup,costed", .lookup = true, .cost_model = true};
     if (!forecast) return n;
     const char *p = trees;
-    while (*p && n + 2 <= MAX_TREES) {
+    while (*p && n + 3 <= MAX_TREES) {
         spec_config c = {0};
         char *end;
         while (*p && *p != ';') {
@@ -329,6 +299,9 @@ static int make_configs(const char *trees, bool forecast, spec_config *out) {
         out[n++] = c;
         c.lookup = true;
         strncat(c.name, "+lookup", sizeof c.name - strlen(c.name) - 1);
+        out[n++] = c;
+        c.cost_model = true;
+        strncat(c.name, ",costed", sizeof c.name - strlen(c.name) - 1);
         out[n++] = c;
     }
     return n;
@@ -383,22 +356,22 @@ static int load_forecast(const lp_model *m, const spec_options *o, task *t, lp_e
     return lp_forecast_check(t->forecast, m, err);
 }
 
-static void print_costs(const spec_options *o, const double *rel) {
+static void print_costs(const spec_options *o, const float *cost) {
     if (o->json) {
-        printf("{\"pass_cost\": {");
-        for (int i = 0; i < COST_ROWS; i++) printf("%s\"%d\": %.3f", i ? ", " : "", cost_rows[i], rel[i]);
-        printf("}}\n");
+        printf("{\"pass_cost\": [");
+        for (int i = 0; i < LP_SPEC_COST_ROWS; i++) printf("%s%.3f", i ? ", " : "", (double)cost[i]);
+        printf("]}\n");
         return;
     }
     printf("cost of one forward of R tree rows, relative to 1 row:\n  R    ");
-    for (int i = 0; i < COST_ROWS; i++) printf("%6d", cost_rows[i]);
+    for (int i = 0; i < COST_SHOWN; i++) printf("%6d", cost_rows[i]);
     printf("\n  cost ");
-    for (int i = 0; i < COST_ROWS; i++) printf("%6.2f", rel[i]);
+    for (int i = 0; i < COST_SHOWN; i++) printf("%6.2f", (double)cost[cost_rows[i] - 1]);
     printf("\n\n");
 }
 
 static void print_task(const spec_options *o, const task *t, const spec_config *cs, const config_result *rs, int n,
-                       int n_records, const double *rel) {
+                       int n_records, const float *rel) {
     double plain = rs[0].decode_s > 0 ? rs[0].tokens / rs[0].decode_s : 0;
     int best = 0;
     for (int c = 1; c < n; c++)
@@ -410,9 +383,10 @@ static void print_task(const spec_options *o, const task *t, const spec_config *
     for (int c = 0; c < n; c++) {
         const config_result *r = &rs[c];
         double tps = r->decode_s > 0 ? r->tokens / r->decode_s : 0;
-        double per_pass = r->passes ? (double)(r->tokens + n_records) / (double)r->passes : 0;
+        double per_pass = r->passes ? (double)r->generated / (double)r->passes : 0;
         double rows = r->passes ? (double)r->rows / (double)r->passes : 0;
-        double predicted = per_pass / cost_at(rel, rows);
+        double plain_per_pass = rs[0].passes ? (double)rs[0].generated / (double)rs[0].passes : 1;
+        double predicted = per_pass / cost_at(rel, rows) / plain_per_pass;
         if (o->json) {
             printf("{\"task\": ");
             tool_json_string(stdout, t->name);
@@ -430,7 +404,7 @@ static void print_task(const spec_options *o, const task *t, const spec_config *
     if (!o->json) printf("\n");
 }
 
-static int bench_task(lp_context *ctx, const spec_options *o, const task *t, const double *rel, bool *all_same,
+static int bench_task(lp_context *ctx, const spec_options *o, const task *t, const float *rel, bool *all_same,
                       lp_error *err) {
     record_set rs = {0};
     char path[4096];
@@ -448,7 +422,7 @@ static int bench_task(lp_context *ctx, const spec_options *o, const task *t, con
     for (int c = 0; c < n && !rc; c++) {
         double times[64];
         for (int r = 0; r < o->reps && !rc; r++) {
-            rc = run_config(ctx, t->adapter, t->forecast, &cs[c], o, &rs, c == 0 ? plain : outs, &res[c], err);
+            rc = run_config(ctx, t->adapter, t->forecast, &cs[c], o, &rs, rel, c == 0 ? plain : outs, &res[c], err);
             times[r] = res[c].decode_s;
         }
         if (rc) break;
@@ -484,8 +458,8 @@ int cli_bench_speculate(int argc, char **argv) {
     char kernels[256];
     if (cli_kernels_line(kernels, sizeof kernels, &err)) goto out;
     fprintf(o.json ? stderr : stdout, "kernels: %s; %d thread%s\n", kernels, o.threads, o.threads > 1 ? "s" : "");
-    double rel[COST_ROWS];
-    if (measure_costs(ctx, 64, rel, &err)) goto out;
+    float rel[LP_SPEC_COST_ROWS];
+    if (lp_speculate_measure_cost(ctx, 64, rel, LP_SPEC_COST_ROWS, &err)) goto out;
     print_costs(&o, rel);
     bool all_same = true;
     for (int i = 0; i < n_tasks; i++)

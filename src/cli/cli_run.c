@@ -54,6 +54,8 @@ static void run_usage(FILE *out) {
             "      --lookup N[:L]      also propose the L tokens (default 8) that followed the\n"
             "                          latest earlier match of the last N..1 tokens (prompt lookup);\n"
             "                          works without --speculate too\n"
+            "      --costed            measure this machine's cost of a pass of R rows first,\n"
+            "                          then place only the candidates worth their rows\n"
             "  -v, --verbose           print settings and timings to stderr\n");
 }
 
@@ -66,6 +68,7 @@ typedef struct run_options {
     double seed_top_min_p;
     const char *adapter, *adapters, *suffixes, *temps;
     const char *speculate, *tree, *lookup;
+    bool costed;
     lp_sampler_params sampling;
 } run_options;
 
@@ -94,6 +97,7 @@ static int parse_run(int argc, char **argv, run_options *o) {
         else if (!strcmp(a, "--speculate")) { VALUE(); o->speculate = v; }
         else if (!strcmp(a, "--tree")) { VALUE(); o->tree = v; }
         else if (!strcmp(a, "--lookup")) { VALUE(); o->lookup = v; }
+        else if (!strcmp(a, "--costed")) o->costed = true;
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VALUE(); if (!cli_int(a, v, 0, 1 << 24, &o->n_predict)) return -1;
         } else if (!strcmp(a, "--streams")) {
@@ -528,6 +532,10 @@ int cli_run(int argc, char **argv) {
         }
         if (parse_speculate(&o, forecast, &sp)) {
             rc = 2;
+            goto out;
+        }
+        if (o.costed && lp_speculate_measure_cost(ctx, n_prompt, sp.pass_cost, LP_SPEC_COST_ROWS, &err)) {
+            rc = cli_fail("run --costed", &err);
             goto out;
         }
         if (o.verbose && forecast)

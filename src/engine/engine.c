@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 typedef enum req_state {
     REQ_QUEUED,    /* waiting for a sequence (and adapter slots) */
@@ -27,6 +28,26 @@ typedef struct pending_text {
     char *buf;
     size_t len, cap;
 } pending_text;
+
+/* Candidate classes for acceptance estimates: forecast depth x rank (ranks
+ * from 7 on pooled), then prompt lookup by position along its chain. */
+#define SPEC_RANKS 8
+#define SPEC_LOOKUP_CLASS (LP_SPEC_MAX_DEPTH * SPEC_RANKS)
+#define SPEC_LOOKUP_POSITIONS 16
+#define SPEC_CLASSES (SPEC_LOOKUP_CLASS + SPEC_LOOKUP_POSITIONS)
+
+/* Acceptance counts of one task (adapter identity and forecast set): the
+ * cost model's evidence, shared by the task's requests and kept across
+ * them, so a new request starts from what earlier ones saw. Only speed
+ * depends on them, never output. */
+#define SPEC_ACCEPT_TABLES 16
+typedef struct accept_table {
+    uint64_t adapter_id;
+    const lp_forecast *forecast;
+    int64_t used_at;                 /* 0: free */
+    int32_t tried[SPEC_CLASSES];     /* candidates of a class whose parent was accepted ... */
+    int32_t hit[SPEC_CLASSES];       /* ... and of them the accepted */
+} accept_table;
 
 typedef struct request {
     bool used;             /* this table entry holds a request */
@@ -60,6 +81,8 @@ typedef struct request {
     int fc_row[LP_SPEC_MAX_NODES + 1];  /* this step: first forecast row after the root
                                            ([0]) or candidate i ([i + 1]); -1: none */
     int step_depth;        /* this step: forecast rows in each of those chains */
+    uint8_t cand_class[LP_SPEC_MAX_NODES]; /* where a candidate came from (SPEC_CLASSES) */
+    int accept;            /* its entry in the engine's acceptance table */
     lp_spec_stats spec_stats;
 } request;
 
@@ -84,6 +107,8 @@ struct lp_engine {
     int n_tables;          /* the context's embedding tables ... */
     const lp_forecast **table_of; /* [n_tables + 1] ... and the forecast set the
                                      engine bound to each (NULL: none) */
+    accept_table accept[SPEC_ACCEPT_TABLES];
+    int64_t accept_clock;
 };
 
 
@@ -237,6 +262,83 @@ static void finish(lp_engine *e, request *r, const char *reason, lp_status statu
 
 lp_speculate lp_speculate_default(void) { return (lp_speculate){0}; }
 
+static double seconds_now(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (double)t.tv_sec + 1e-9 * (double)t.tv_nsec;
+}
+
+static int by_value(const void *a, const void *b) {
+    double x = *(const double *)a, y = *(const double *)b;
+    return (x > y) - (x < y);
+}
+
+/* Median seconds of a forward of the first n rows (never committed). */
+static double time_rows(lp_context *ctx, const lp_row *rows, int n, lp_error *err) {
+    double t[9];
+    for (int k = 0; k < 9; k++) {
+        double t0 = seconds_now();
+        if (lp_forward(ctx, rows, n, err)) return -1;
+        t[k] = seconds_now() - t0;
+    }
+    qsort(t, 9, sizeof *t, by_value);
+    return t[4];
+}
+
+int lp_speculate_measure_cost(lp_context *ctx, int ctx_len, float *cost, int n, lp_error *err) {
+    lp_context_params cp;
+    lp_context_get_params(ctx, &cp);
+    int seq = cp.max_sequences - 1, measured = n < cp.max_logit_rows ? n : cp.max_logit_rows;
+    if (n < 2 || n > LP_SPEC_COST_ROWS || ctx_len < 1 || ctx_len + n > cp.max_seq_len || measured > cp.max_rows ||
+        ctx_len > cp.max_rows)
+        return lp_error_set(err, LP_ERR_INVALID, "measure_cost: %d rows (2..%d) after %d tokens do not fit the context",
+                            n, LP_SPEC_COST_ROWS, ctx_len);
+    if (lp_seq_length(ctx, seq) != 0)
+        return lp_error_set(err, LP_ERR_INVALID, "measure_cost: sequence %d is in use", seq);
+    lp_row *rows = malloc((size_t)(ctx_len > measured ? ctx_len : measured) * sizeof *rows);
+    if (!rows) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    for (int i = 0; i < ctx_len; i++)
+        rows[i] = (lp_row){.token = i % 7 + 1, .pos = i, .seq = seq, .parent = i - 1, .commit = true};
+    rows[ctx_len - 1].logits = true;
+    int rc = lp_forward(ctx, rows, ctx_len, err);
+    for (int i = 0; i < measured && !rc; i++)
+        rows[i] = (lp_row){.token = i % 7 + 1, .pos = ctx_len + i, .seq = seq, .parent = i - 1, .logits = true};
+    double one = rc ? -1 : time_rows(ctx, rows, 1, err);
+    one = rc || one < 0 ? -1 : time_rows(ctx, rows, 1, err); /* the first was a warm-up */
+    rc = one > 0 ? 0 : -1;
+    cost[0] = 1;
+    for (int r = 2; r <= measured && !rc; r++) {
+        double t = time_rows(ctx, rows, r, err);
+        if (t < 0) rc = -1;
+        else cost[r - 1] = (float)(t / one);
+    }
+    /* past the logit rows: on with the last measured slope; never cheaper with more rows */
+    for (int r = measured + 1; r <= n && !rc; r++)
+        cost[r - 1] = cost[r - 2] + (measured > 1 ? cost[measured - 1] - cost[measured - 2] : 1.0f);
+    for (int r = 1; r < n && !rc; r++)
+        if (cost[r] < cost[r - 1]) cost[r] = cost[r - 1];
+    lp_seq_truncate(ctx, seq, 0, NULL);
+    free(rows);
+    return rc;
+}
+
+/* The task's acceptance table, a new one (the least recently used one
+ * cleared) if it has none. Counts are capped by halving, so old evidence
+ * fades as a task's text changes. */
+static int accept_table_for(lp_engine *e, uint64_t adapter_id, const lp_forecast *f) {
+    int lru = 0;
+    for (int i = 0; i < SPEC_ACCEPT_TABLES; i++) {
+        accept_table *t = &e->accept[i];
+        if (t->used_at && t->adapter_id == adapter_id && t->forecast == f) {
+            t->used_at = ++e->accept_clock;
+            return i;
+        }
+        if (t->used_at < e->accept[lru].used_at) lru = i;
+    }
+    e->accept[lru] = (accept_table){.adapter_id = adapter_id, .forecast = f, .used_at = ++e->accept_clock};
+    return lru;
+}
+
 /* Speculation settings a request may carry. Sampling is allowed with the
  * request's own sampler: spec_after draws each token from the node's exact
  * logits in order, one draw per token as plain decoding does, so the output
@@ -263,6 +365,12 @@ static int check_speculate(const lp_engine *e, const lp_request *q, lp_error *er
                             sp->lookup_ngram, sp->lookup_len, LP_SPEC_MAX_NODES);
     if (sp->max_nodes < 0 || sp->max_nodes > LP_SPEC_MAX_NODES)
         return lp_error_set(err, LP_ERR_INVALID, "speculation max_nodes %d (0..%d)", sp->max_nodes, LP_SPEC_MAX_NODES);
+    bool any = false;
+    for (int i = 0; i < LP_SPEC_COST_ROWS; i++) any |= sp->pass_cost[i] != 0;
+    for (int i = 0; any && i < LP_SPEC_COST_ROWS; i++)
+        if (!(sp->pass_cost[i] > 0 && sp->pass_cost[i] < 1e6f) || (i > 0 && sp->pass_cost[i] < sp->pass_cost[i - 1]))
+            return lp_error_set(err, LP_ERR_INVALID, "speculation pass_cost[%d] = %g: costs are positive, finite and "
+                                "non-decreasing (or all 0: no cost model)", i, (double)sp->pass_cost[i]);
     return 0;
 }
 
@@ -291,6 +399,7 @@ int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
         if (check_speculate(e, q, err)) goto bad;
         r->speculating = true;
         r->sp = *q->speculate;
+        r->accept = accept_table_for(e, r->id_main, r->sp.forecast);
         if (r->sp.max_nodes <= 0) r->sp.max_nodes = LP_SPEC_MAX_NODES;
     }
     if (copy_prompt(e, r, q, err) || copy_stops(r, q, err)) goto bad;
@@ -816,6 +925,101 @@ static int cand_child(request *r, int parent, int32_t tok, bool add) {
     return c;
 }
 
+static int spec_class(int depth, int rank) { return depth * SPEC_RANKS + (rank < SPEC_RANKS ? rank : SPEC_RANKS - 1); }
+
+/* cand_child that records a new candidate's class. */
+static int add_candidate(request *r, int parent, int32_t tok, int cls) {
+    int before = r->n_cand, c = cand_child(r, parent, tok, true);
+    if (c >= 0 && c >= before) r->cand_class[c] = (uint8_t)cls;
+    return c;
+}
+
+/* The relative cost of a pass of `rows` rows, straight on past the table. */
+static double pass_cost(const lp_speculate *sp, int rows) {
+    if (rows <= LP_SPEC_COST_ROWS) return sp->pass_cost[rows - 1];
+    double last = sp->pass_cost[LP_SPEC_COST_ROWS - 1], slope = last - sp->pass_cost[LP_SPEC_COST_ROWS - 2];
+    return last + slope * (rows - LP_SPEC_COST_ROWS);
+}
+
+/* Acceptance estimate of every class: its counts with a prior of weight 2
+ * centred on the estimate of the class before it (the rank above, else the
+ * depth above; the lookup position before), 1/2 for the first. So a class
+ * never tried starts where its neighbour stands, which keeps the model
+ * exploring deeper candidates once shallower ones are known to be good. */
+static void class_estimates(const accept_table *t, double *est) {
+    for (int d = 0; d < LP_SPEC_MAX_DEPTH; d++)
+        for (int i = 0; i < SPEC_RANKS; i++) {
+            int k = spec_class(d, i);
+            double prior = i > 0 ? est[k - 1] : d > 0 ? est[spec_class(d - 1, 0)] : 0.5;
+            est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
+        }
+    for (int j = 0; j < SPEC_LOOKUP_POSITIONS; j++) {
+        int k = SPEC_LOOKUP_CLASS + j;
+        double prior = j > 0 ? est[k - 1] : 0.5;
+        est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
+    }
+}
+
+/* The cost model: a candidate is accepted with its class's estimate
+ * (class_estimates) times its parent's probability. Expected
+ * tokens of a pass are 1 plus the sum over placed candidates; rows are the
+ * root, the candidates and the forecast chains after each of them. Keeps
+ * the most likely candidates (a prefix by probability is a tree: a child is
+ * less likely than its parent) whose expected tokens per cost is highest,
+ * and renumbers them parents first. */
+static void keep_worthwhile(const lp_engine *e, request *r) {
+    int n = r->n_cand, m = r->sp.forecast ? r->sp.depth : 0;
+    double prob[LP_SPEC_MAX_NODES], est[SPEC_CLASSES];
+    int order[LP_SPEC_MAX_NODES];
+    class_estimates(&e->accept[r->accept], est);
+    for (int c = 0; c < n; c++) {
+        double p = est[r->cand_class[c]];
+        prob[c] = p * (r->cand_parent[c] < 0 ? 1.0 : prob[r->cand_parent[c]]);
+        int at = c; /* insertion by probability; ties keep the earlier (a parent) first */
+        while (at > 0 && prob[order[at - 1]] < prob[c]) {
+            order[at] = order[at - 1];
+            at--;
+        }
+        order[at] = c;
+    }
+    int best = 0;
+    double expected = 1, best_value = 1.0 / pass_cost(&r->sp, 1 + m);
+    for (int k = 1; k <= n; k++) {
+        expected += prob[order[k - 1]];
+        double value = expected / pass_cost(&r->sp, 1 + m + k * (1 + m));
+        if (value > best_value) best_value = value, best = k;
+    }
+    bool keep[LP_SPEC_MAX_NODES] = {false};
+    for (int k = 0; k < best; k++) keep[order[k]] = true;
+    int renumber[LP_SPEC_MAX_NODES], kept = 0;
+    for (int c = 0; c < n; c++) {
+        renumber[c] = -1;
+        if (!keep[c]) continue;
+        renumber[c] = kept;
+        r->cand_tok[kept] = r->cand_tok[c];
+        r->cand_parent[kept] = r->cand_parent[c] < 0 ? -1 : renumber[r->cand_parent[c]];
+        r->cand_depth[kept] = r->cand_depth[c];
+        r->cand_class[kept] = r->cand_class[c];
+        kept++;
+    }
+    r->n_cand = kept;
+}
+
+/* Acceptance counts after a pass: every placed candidate whose parent is on
+ * the accepted path (or is the root) was tried; those on it were accepted. */
+static void count_acceptance(lp_engine *e, const request *r, const int *path_cand, int a) {
+    accept_table *t = &e->accept[r->accept];
+    bool on_path[LP_SPEC_MAX_NODES] = {false};
+    for (int j = 1; j <= a; j++) on_path[path_cand[j]] = true;
+    for (int c = 0; c < r->n_cand; c++) {
+        int p = r->cand_parent[c], k = r->cand_class[c];
+        if (r->cand_row[c] < 0 || (p >= 0 && !on_path[p])) continue;
+        if (t->tried[k] >= 1 << 12) t->tried[k] /= 2, t->hit[k] /= 2;
+        t->tried[k]++;
+        t->hit[k] += on_path[c];
+    }
+}
+
 /* The next candidate tree: the top tokens of the forecast rows after the
  * deepest accepted node (fc, or -1), as a tree of branches[d] per depth,
  * merged with a prompt-lookup chain. */
@@ -831,10 +1035,10 @@ static void next_candidates(lp_engine *e, request *r, int fc) {
             k = top_tokens(lg, e->n_vocab, k, top);
             int first = r->n_cand;
             if (d == 0) {
-                for (int i = 0; i < k; i++) cand_child(r, -1, top[i], true);
+                for (int i = 0; i < k; i++) add_candidate(r, -1, top[i], spec_class(d, i));
             } else {
                 for (int p = level_from; p < level_to; p++)
-                    for (int i = 0; i < k; i++) cand_child(r, p, top[i], true);
+                    for (int i = 0; i < k; i++) add_candidate(r, p, top[i], spec_class(d, i));
             }
             level_from = first;
             level_to = r->n_cand;
@@ -851,12 +1055,15 @@ static void next_candidates(lp_engine *e, request *r, int fc) {
             if (found < 0) continue;
             int parent = -1;
             for (int i = found; i < n && i < found + r->sp.lookup_len; i++) {
-                parent = cand_child(r, parent, t[i], true);
+                int j = i - found;
+                parent = add_candidate(r, parent, t[i],
+                                       SPEC_LOOKUP_CLASS + (j < SPEC_LOOKUP_POSITIONS ? j : SPEC_LOOKUP_POSITIONS - 1));
                 if (parent < 0) break;
             }
             break;
         }
     }
+    if (r->sp.pass_cost[0] > 0) keep_worthwhile(e, r);
 }
 
 /* After a pass: the request's root row's logits give its next token, as in
@@ -897,6 +1104,7 @@ static int spec_after(lp_engine *e, request *r, lp_error *err) {
     }
     r->spec_stats.n_passes++;
     r->spec_stats.n_drafted += placed;
+    count_acceptance(e, r, path_cand, a);
     int j = 0;
     for (; j <= a; j++) {
         if (j > 0) r->n_kv++;
