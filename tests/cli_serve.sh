@@ -92,7 +92,14 @@ check4xx "invalid UTF-8" 400 "$url$c" --data-binary @"$work/badutf8"
 check4xx "lone surrogate" 400 "$url$c" -d '{"prompt": "\ud800"}'
 check4xx "traversal model name" 404 "$url$c" -d '{"prompt": "a", "model": "../../etc/passwd"}'
 check4xx "unknown lora id" 404 "$url$c" -d '{"prompt": "a", "lora": [{"id": 99, "scale": 1}]}'
-check4xx "logprobs not yet" 400 "$url$c" -d '{"prompt": "a", "logprobs": 2}'
+check4xx "logprobs too many" 400 "$url$c" -d '{"prompt": "a", "logprobs": 21}'
+check4xx "logprobs wrong type" 400 "$url$c" -d '{"prompt": "a", "logprobs": "yes"}'
+check4xx "top_logprobs alone" 400 "$url/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}'
+check4xx "logit_bias key" 400 "$url$c" -d '{"prompt": "a", "logit_bias": {"the": 1}}'
+check4xx "logit_bias range" 400 "$url$c" -d '{"prompt": "a", "logit_bias": {"5": 101}}'
+check4xx "logit_bias outside vocab" 400 "$url$c" -d '{"prompt": "a", "logit_bias": {"99999999": 1}}'
+check4xx "penalty range" 400 "$url$c" -d '{"prompt": "a", "presence_penalty": 3}'
+check4xx "detokenize outside vocab" 400 "$url/detokenize" -d '{"tokens": [99999999]}'
 head -c 10000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt": "/; s/$/"}/' >"$work/big"
 check4xx "10 MB body" 413 "$url$c" --data-binary @"$work/big"
 long=$(head -c 40000 /dev/zero | tr '\0' 'x' | sed 's/x/la /g')

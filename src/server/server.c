@@ -37,6 +37,10 @@ typedef struct choice {
     bool done, role_sent, end_sent;
     const char *finish;        /* OpenAI finish_reason once done */
     int n_generated;
+    lp_token_logprobs *lps;    /* [n_lps] generated tokens' log-probabilities (logprobs) */
+    int n_lps, cap_lps;
+    int lps_sent;              /* of them streamed ... */
+    size_t lps_offset;         /* ... and their text's length */
 } choice;
 
 struct job {
@@ -51,6 +55,9 @@ struct job {
     int n;
     choice ch[LP_API_MAX_N];
     bool stream, include_usage, seed_set;
+    bool logprobs;
+    int top_logprobs;
+    lp_logit_bias *logit_bias; /* [sampling.n_logit_bias], sampling.logit_bias points here */
     char id[32], model[128];
     lp_api_meta meta;
     double t_start;
@@ -102,7 +109,11 @@ typedef struct server {
 
 static void job_unref_locked(job *j) {
     if (--j->refs > 0) return;
-    for (int i = 0; i < j->n; i++) lp_sbuf_free(&j->ch[i].text);
+    for (int i = 0; i < j->n; i++) {
+        lp_sbuf_free(&j->ch[i].text);
+        free(j->ch[i].lps);
+    }
+    free(j->logit_bias);
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     lp_sbuf_free(&j->out);
     pthread_cond_destroy(&j->cond);
@@ -132,6 +143,24 @@ static bool on_text(void *user, int request, const char *text, size_t len) {
     return keep;
 }
 
+/* Engine callback: a generated token's log-probabilities (scheduler thread). */
+static void on_token(void *user, int request, const lp_token_logprobs *lp) {
+    (void)request;
+    choice *c = user;
+    server *s = c->job->srv;
+    pthread_mutex_lock(&s->mu);
+    if (c->n_lps == c->cap_lps) {
+        int cap = c->cap_lps ? 2 * c->cap_lps : 32;
+        lp_token_logprobs *grown = realloc(c->lps, (size_t)cap * sizeof *grown);
+        if (grown) {
+            c->lps = grown;
+            c->cap_lps = cap;
+        }
+    }
+    if (c->n_lps < c->cap_lps) c->lps[c->n_lps++] = *lp; /* out of memory: the list ends short */
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void choice_end_locked(choice *c, const char *finish, int n_generated) {
     c->done = true;
     c->finish = finish;
@@ -155,6 +184,10 @@ static void submit_job(server *s, job *j) {
         rq.n_stop = j->n_stop;
         rq.fn = on_text;
         rq.user = c;
+        if (j->logprobs) {
+            rq.token_fn = on_token;
+            rq.top_logprobs = j->top_logprobs;
+        }
         lp_error err = {0};
         c->request = lp_engine_submit(s->engine, &rq, &err);
         if (c->request < 0) {
@@ -441,11 +474,31 @@ static job *make_job(server *s, const lp_api_request *r, unsigned *status, char 
     j->stream = r->stream;
     j->include_usage = r->include_usage;
     j->sampling = r->sampling;
+    j->logprobs = r->logprobs;
+    j->top_logprobs = r->top_logprobs;
     pthread_cond_init(&j->cond, NULL);
     j->refs = 1;
+    *status = 400;
+    j->sampling.logit_bias = NULL;
+    j->sampling.n_logit_bias = 0;
+    if (r->n_logit_bias > 0) {
+        j->logit_bias = malloc((size_t)r->n_logit_bias * sizeof *j->logit_bias);
+        if (!j->logit_bias) {
+            snprintf(msg, cap, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < r->n_logit_bias; i++)
+            if (r->logit_bias[i].token >= s->n_vocab) {
+                snprintf(msg, cap, "logit_bias: token %d is outside the vocabulary (%d tokens)",
+                         (int)r->logit_bias[i].token, s->n_vocab);
+                goto fail;
+            }
+        memcpy(j->logit_bias, r->logit_bias, (size_t)r->n_logit_bias * sizeof *j->logit_bias);
+        j->sampling.logit_bias = j->logit_bias;
+        j->sampling.n_logit_bias = r->n_logit_bias;
+    }
     int base_pick = adapter_by_name(s, r->model);
     if (r->lora_id >= 0) base_pick = r->lora_id < s->n_adapters ? r->lora_id : -2;
-    *status = 400;
     for (int i = 0; i < j->n; i++) {
         int pick = r->choice_models[i] ? adapter_by_name(s, r->choice_models[i]) : base_pick;
         if (pick == -2) {
@@ -475,6 +528,10 @@ fail:
     return NULL;
 }
 
+static size_t token_piece(const void *model, int32_t token, char *buf, size_t cap) {
+    return lp_token_to_piece(model, token, buf, cap);
+}
+
 /* Queues a job for the scheduler; false when the queue is full or the
  * server is stopping. */
 static bool enqueue(server *s, job *j) {
@@ -484,7 +541,8 @@ static bool enqueue(server *s, job *j) {
         snprintf(j->id, sizeof j->id, "%s-%lld", j->kind == LP_API_CHAT ? "chatcmpl" : "cmpl",
                  (long long)++s->next_id);
         j->meta = (lp_api_meta){.kind = j->kind, .id = j->id, .model = j->model, .created = (int64_t)time(NULL),
-                                .prompt_tokens = j->n_prompt};
+                                .prompt_tokens = j->n_prompt, .logprobs = j->logprobs, .piece = token_piece,
+                                .piece_user = s->model};
         if (!j->seed_set) j->sampling.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)s->next_id * 7919u;
         j->refs++; /* the scheduler's */
         if (s->queue_tail) s->queue_tail->next = j;
@@ -502,22 +560,37 @@ static bool enqueue(server *s, job *j) {
     return ok;
 }
 
+/* The log-probabilities of a choice's tokens not yet streamed (mu held). */
+static lp_api_logprobs take_logprobs_locked(choice *c) {
+    lp_api_logprobs lp = {.tokens = c->lps + c->lps_sent, .n = c->n_lps - c->lps_sent, .text_offset = c->lps_offset};
+    for (int k = c->lps_sent; k < c->n_lps; k++) {
+        char piece[256];
+        size_t n = lp_token_to_piece(c->job->srv->model, c->lps[k].token, piece, sizeof piece);
+        c->lps_offset += n < sizeof piece ? n : sizeof piece;
+    }
+    c->lps_sent = c->n_lps;
+    return lp;
+}
+
 /* Stream chunks for whatever is new (called with mu held). */
 static void fill_stream_locked(job *j) {
     bool all_ended = true;
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
         if (j->kind == LP_API_CHAT && !c->role_sent) {
-            lp_api_chunk(&j->out, &j->meta, i, true, NULL, 0, NULL);
+            lp_api_chunk(&j->out, &j->meta, i, true, NULL, 0, NULL, NULL);
             c->role_sent = true;
         }
         size_t upto = c->done ? c->text.len : c->sent + lp_api_utf8_whole(c->text.data + c->sent, c->text.len - c->sent);
         if (upto > c->sent) {
-            lp_api_chunk(&j->out, &j->meta, i, false, c->text.data + c->sent, upto - c->sent, NULL);
+            lp_api_logprobs lp = take_logprobs_locked(c);
+            lp_api_chunk(&j->out, &j->meta, i, false, c->text.data + c->sent, upto - c->sent, NULL, &lp);
             c->sent = upto;
         }
         if (c->done && !c->end_sent) {
-            lp_api_chunk(&j->out, &j->meta, i, false, NULL, 0, c->finish);
+            /* tokens whose text a stop string held back come with the end */
+            lp_api_logprobs lp = take_logprobs_locked(c);
+            lp_api_chunk(&j->out, &j->meta, i, false, NULL, 0, c->finish, lp.n ? &lp : NULL);
             c->end_sent = true;
         }
         all_ended &= c->end_sent;
@@ -575,7 +648,8 @@ static enum MHD_Result respond_when_done(server *s, conn *cn, struct MHD_Connect
     while (j->n_done < j->n) pthread_cond_wait(&j->cond, &s->mu);
     for (int i = 0; i < j->n; i++)
         out[i] = (lp_api_choice){.text = j->ch[i].text.data ? j->ch[i].text.data : "", .len = j->ch[i].text.len,
-                                 .finish_reason = j->ch[i].finish, .n_generated = j->ch[i].n_generated};
+                                 .finish_reason = j->ch[i].finish, .n_generated = j->ch[i].n_generated,
+                                 .logprobs = {.tokens = j->ch[i].lps, .n = j->ch[i].n_lps}};
     lp_sbuf b = {0};
     lp_api_response(&b, &j->meta, out, j->n);
     pthread_mutex_unlock(&s->mu);
@@ -612,18 +686,73 @@ static enum MHD_Result route_completion(server *s, struct MHD_Connection *c, lp_
     return rc;
 }
 
+/* llama.cpp's /tokenize and /detokenize (tests and tools find token ids
+ * with them: logit_bias takes ids). */
+static enum MHD_Result route_tokens(server *s, conn *cn, struct MHD_Connection *c, bool detokenize) {
+    char msg[512];
+    lp_api_tokens_request t;
+    if (lp_api_parse_tokens(cn->body.data ? cn->body.data : "", cn->body.len, detokenize, &t, msg, sizeof msg))
+        return send_error(s, cn, c, 400, "invalid_request_error", msg);
+    lp_sbuf b = {0};
+    lp_error err = {0};
+    if (!detokenize) {
+        size_t len = strlen(t.content);
+        int cap = (int)(len + 8 < (size_t)1 << 24 ? len + 8 : (size_t)1 << 24);
+        int32_t *ids = malloc((size_t)cap * sizeof *ids);
+        int n = ids ? lp_tokenize(s->model, t.content, len, t.add_special && lp_model_add_bos(s->model), false, ids,
+                                  cap, &err)
+                    : -1;
+        if (n < 0) {
+            free(ids);
+            lp_api_tokens_request_free(&t);
+            snprintf(msg, sizeof msg, "cannot tokenize: %.300s", ids ? err.message : "out of memory");
+            return send_error(s, cn, c, 400, "invalid_request_error", msg);
+        }
+        lp_sbuf_lit(&b, "{\"tokens\":[");
+        for (int i = 0; i < n; i++) lp_sbuf_printf(&b, "%s%d", i ? "," : "", (int)ids[i]);
+        lp_sbuf_lit(&b, "]}");
+        free(ids);
+    } else {
+        lp_sbuf text = {0};
+        for (int i = 0; i < t.n_tokens; i++) {
+            if (t.tokens[i] >= s->n_vocab) {
+                snprintf(msg, sizeof msg, "tokens[%d] = %d is outside the vocabulary (%d tokens)", i, (int)t.tokens[i],
+                         s->n_vocab);
+                lp_sbuf_free(&text);
+                lp_api_tokens_request_free(&t);
+                return send_error(s, cn, c, 400, "invalid_request_error", msg);
+            }
+            char piece[256];
+            size_t n = lp_token_to_piece(s->model, t.tokens[i], piece, sizeof piece);
+            lp_sbuf_add(&text, piece, n < sizeof piece ? n : sizeof piece);
+        }
+        /* pieces may end inside a character: the content is lossy there */
+        bool whole = lp_utf8_valid((const uint8_t *)(text.data ? text.data : ""), text.len);
+        lp_sbuf_lit(&b, "{\"content\":");
+        lp_sbuf_json_string(&b, whole && text.data ? text.data : "", whole ? text.len : 0);
+        lp_sbuf_lit(&b, "}");
+        lp_sbuf_free(&text);
+    }
+    lp_api_tokens_request_free(&t);
+    enum MHD_Result rc = send_json(cn, c, &b);
+    lp_sbuf_free(&b);
+    return rc;
+}
+
 static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (get && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
         return send_body(cn, c, 200, "text/html; charset=utf-8", (const char *)lp_server_page, lp_server_page_len);
     if (get && !strcmp(url, "/health")) return send_body(cn, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
     if (get && !strcmp(url, "/metrics")) return route_metrics(s, cn, c);
-    bool api = !strncmp(url, "/v1/", 4);
+    bool api = !strncmp(url, "/v1/", 4) || !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize");
     if (api && !authorized(s, c)) return send_error(s, cn, c, 401, "authentication_error", "invalid or missing API key");
     if (cn->too_big) return send_error(s, cn, c, 413, "invalid_request_error", "the request body is too large");
     if (get && !strcmp(url, "/v1/models")) return route_models(s, cn, c);
     if (post && !strcmp(url, "/v1/chat/completions")) return route_completion(s, c, LP_API_CHAT, cn);
     if (post && !strcmp(url, "/v1/completions")) return route_completion(s, c, LP_API_COMPLETION, cn);
+    if (post && !strcmp(url, "/tokenize")) return route_tokens(s, cn, c, false);
+    if (post && !strcmp(url, "/detokenize")) return route_tokens(s, cn, c, true);
     bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
     if (known) return send_error(s, cn, c, 405, "invalid_request_error", "method not allowed");
     return send_error(s, cn, c, 404, "not_found_error", "no such route");
