@@ -60,6 +60,10 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
         lp_api_tokens_request t;
         if (lp_api_parse_tokens((const char *)data, size, k, &t, msg, sizeof msg) == 0) lp_api_tokens_request_free(&t);
     }
+    for (int k = 0; k < 2; k++) {
+        lp_api_lora_request l;
+        if (lp_api_parse_lora((const char *)data, size, k, &l, msg, sizeof msg) == 0) lp_api_lora_request_free(&l);
+    }
     lp_sbuf e = {0};
     lp_api_error_body(&e, msg, "invalid_request_error");
     lp_sbuf_free(&e);

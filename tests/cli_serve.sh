@@ -132,5 +132,62 @@ wait $pid
 rc=$?
 [ $rc -eq 0 ] && grep -q "stopping" "$work/log" && ok || bad "SIGINT: rc=$rc $(tail -3 "$work/log")"
 
+# hot loading from --adapter-dir only: a second server, no key, a directory
+# of its own with a subfolder (not loaded at start), a symlink pointing out
+adir="$work/adir"
+rm -rf "$adir"; mkdir -p "$adir/sub"
+cp "$demo/adapters/correct.lpa" "$adir/"
+cp "$demo/adapters/style-terse.lpa" "$adir/sub/terse.lpa"
+ln -sf "$demo/adapters/reply.lpa" "$adir/outside.bin"
+"$bin" serve -m "$demo/base.gguf" --adapter-dir "$adir" --port 0 -t 2 >"$work/out2" 2>"$work/log2" &
+pid=$!
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log2")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+if [ -z "$port" ]; then echo "FAIL: the second server did not start:"; cat "$work/log2"; kill $pid; exit 1; fi
+url="http://127.0.0.1:$port"
+models() { curl -s "$url/v1/models" | python3 -c 'import json,sys; print(" ".join(m["id"] for m in json.load(sys.stdin)["data"]))'; }
+load() { req "$url/v1/load_lora_adapter" -d "{\"lora_name\":\"$1\",\"lora_path\":\"$2\"}"; }
+[ "$(models)" = "base correct" ] && ok || bad "models at start: $(models)"
+[ "$(load terse sub/terse.lpa)" = 200 ] && [ "$(models)" = "base correct terse" ] && ok || bad "load: $(cat "$work/body")"
+prompt=$(head -1 "$demo/eval/tasks/style-terse.eval.jsonl" | sed 's/.*"prompt":"\([^"]*\)".*/\1/')
+[ "$(req "$url/v1/completions" -d "{\"model\":\"terse\",\"prompt\":\"$prompt\",\"max_tokens\":24,\"temperature\":0}")" = 200 ] && ok || bad "hot-loaded completion"
+printf '%s\n' "$(node_text "$work/body")" >"$work/server.txt"
+printf '%b' "$prompt" >"$work/prompt.txt"
+"$bin" run -m "$demo/base.gguf" --adapter "$demo/adapters/style-terse.lpa" -f "$work/prompt.txt" -n 24 --temp 0 \
+  >"$work/run.txt" 2>/dev/null
+cmp -s "$work/server.txt" "$work/run.txt" && ok || bad "hot-loaded != run: $(cat "$work/server.txt") vs $(cat "$work/run.txt")"
+[ "$(load terse sub/terse.lpa)" = 400 ] && ok || bad "the same name twice"
+[ "$(load t2 "$adir/sub/terse.lpa")" = 200 ] && ok || bad "absolute path inside: $(cat "$work/body")"
+[ "$(load t3 outside.bin)" = 400 ] && grep -q "outside" "$work/body" && ok || bad "symlink out: $(cat "$work/body")"
+[ "$(load t3 ../cli_serve_tmp/adir/correct.lpa)" = 400 ] && ok || bad "dot-dot: $(cat "$work/body")"
+[ "$(load t3 "$demo/adapters/reply.lpa")" = 400 ] && ok || bad "absolute path outside: $(cat "$work/body")"
+[ "$(load t3 /etc/passwd)" = 400 ] && ok || bad "/etc/passwd"
+[ "$(load ../t3 correct.lpa)" = 400 ] && ok || bad "bad name"
+[ "$(load t3 missing.lpa)" = 400 ] && ok || bad "missing file"
+[ "$(load t3 sub)" = 400 ] && ok || bad "a directory that is no adapter"
+[ "$(req "$url/v1/unload_lora_adapter" -d '{"lora_name":"terse"}')" = 200 ] && [ "$(models)" = "base correct t2" ] && ok ||
+  bad "unload: $(models)"
+[ "$(req "$url/v1/unload_lora_adapter" -d '{"lora_name":"terse"}')" = 404 ] && ok || bad "unload twice"
+[ "$(req "$url/v1/completions" -d '{"model":"terse","prompt":"x"}')" = 404 ] && ok || bad "unloaded: 404"
+[ "$(load terse sub/terse.lpa)" = 200 ] && ok || bad "load again"
+curl -s "$url/metrics" >"$work/metrics"
+grep -q '^loraplex_adapter_requests_total{adapter="terse"} 0$' "$work/metrics" &&
+  grep -q '^loraplex_adapter_loads_total 3$' "$work/metrics" && grep -q '^loraplex_adapter_unloads_total 1$' "$work/metrics" &&
+  grep -q '^loraplex_adapters_loaded 3$' "$work/metrics" && ok || bad "metrics after loads: $(grep adapter "$work/metrics")"
+if [ -d "$src/tests/server/node_modules/openai" ] && command -v node >/dev/null; then
+  node "$src/tests/server/hotload.mjs" "$port" "$bin" "$demo" sub/terse.lpa && ok || bad "unload/reload under load"
+  [ "$(req "$url/health")" = 200 ] && ok || bad "serving after the hot-load loop"
+elif [ "${LORAPLEX_REQUIRE_NODE:-0}" = 1 ]; then
+  bad "the openai client is not installed (npm ci --prefix tests/server)"
+fi
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] && ok || bad "second server SIGINT: rc=$rc $(tail -3 "$work/log2")"
+
 echo "cli_serve: $pass passed, $fail failed"
 [ $fail -eq 0 ]

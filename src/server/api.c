@@ -369,6 +369,44 @@ void lp_api_tokens_request_free(lp_api_tokens_request *r) {
     memset(r, 0, sizeof *r);
 }
 
+bool lp_api_name_ok(const char *n) {
+    size_t len = strlen(n);
+    if (len == 0 || len > 127 || !strcmp(n, ".") || !strcmp(n, "..")) return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = n[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return false;
+    }
+    return true;
+}
+
+int lp_api_parse_lora(const char *body, size_t len, bool load, lp_api_lora_request *out, char *msg, size_t cap) {
+    memset(out, 0, sizeof *out);
+    lp_api_request scratch = {0};
+    parse p = {.r = &scratch, .msg = msg, .cap = cap};
+    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return bad(&p, "the body is not valid JSON");
+    out->root = root;
+    int rc = -1;
+    if (!cJSON_IsObject(root)) bad(&p, "the body must be a JSON object");
+    else if (!get_string(&p, root, "lora_name", &out->name) &&
+             !(load && get_string(&p, root, "lora_path", &out->path))) {
+        if (!out->name || !lp_api_name_ok(out->name))
+            bad(&p, "'lora_name' must be 1 to 127 letters, digits, '.', '_' or '-' (not \".\" or \"..\")");
+        else if (load && (!out->path || !out->path[0])) bad(&p, "'lora_path' must be a path inside --adapter-dir");
+        else rc = 0;
+    }
+    if (rc) lp_api_lora_request_free(out);
+    return rc;
+}
+
+void lp_api_lora_request_free(lp_api_lora_request *r) {
+    cJSON_Delete(r->root);
+    memset(r, 0, sizeof *r);
+}
+
 /* ---- output ---------------------------------------------------------------------------- */
 
 void lp_sbuf_add(lp_sbuf *b, const char *s, size_t n) {

@@ -73,6 +73,18 @@ int lp_api_parse_tokens(const char *body, size_t len, bool detokenize, lp_api_to
                         size_t cap);
 void lp_api_tokens_request_free(lp_api_tokens_request *r);
 
+/* vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} and
+ * /v1/unload_lora_adapter {"lora_name"} (path NULL). A name is 1..127 of
+ * [A-Za-z0-9._-], not "." or ".."; a path is a non-empty string. */
+typedef struct lp_api_lora_request {
+    const char *name, *path;
+    void *root;
+} lp_api_lora_request;
+
+bool lp_api_name_ok(const char *name);
+int lp_api_parse_lora(const char *body, size_t len, bool load, lp_api_lora_request *out, char *msg, size_t cap);
+void lp_api_lora_request_free(lp_api_lora_request *r);
+
 /* A growing string (for response bodies and stream chunks). */
 typedef struct lp_sbuf {
     char *data;
