@@ -126,6 +126,37 @@ else
   echo "cli_serve: SKIPPED the openai client part (run npm ci --prefix tests/server)"
 fi
 
+# /metrics: Prometheus text (every sample typed, histogram cumulative with
+# count and sum), and the numbers add up after the load above
+curl -s "$url/metrics" >"$work/metrics"
+python3 - "$work/metrics" <<'EOF' && ok || bad "metrics: $(head -c 600 "$work/metrics")"
+import re, sys
+types, samples = {}, {}
+for line in open(sys.argv[1]):
+    line = line.rstrip("\n")
+    if line.startswith("# TYPE "):
+        _, _, name, kind = line.split(" ")
+        types[name] = kind
+        continue
+    m = re.fullmatch(r'([a-z_0-9]+)(\{[a-z]+="[^"]*"\})? (-?[0-9]+)', line)
+    assert m, line
+    base = re.sub(r"_(bucket|sum|count)$", "", m[1]) if m[1] not in types else m[1]
+    assert base in types, line
+    samples[m[1] + (m[2] or "")] = int(m[3])
+g = samples.get
+assert g("loraplex_requests_total") > 0 and g("loraplex_generated_tokens_total") > 0
+assert g("loraplex_queue_depth") == 0 and g("loraplex_active_requests") == 0
+assert g("loraplex_kv_blocks_total") > 0 and 0 <= g("loraplex_kv_blocks_used") <= g("loraplex_kv_blocks_total")
+per = [v for k, v in samples.items() if k.startswith("loraplex_adapter_requests_total{")]
+assert len(per) == 8 and sum(per) > 0, per
+assert sum(v for k, v in samples.items() if k.startswith("loraplex_adapter_generated_tokens_total{")) <= g("loraplex_generated_tokens_total")
+assert all(v == 0 for k, v in samples.items() if k.startswith("loraplex_adapter_active_requests{"))
+buckets = [v for k, v in samples.items() if k.startswith("loraplex_batch_rows_per_step_bucket")]
+assert buckets == sorted(buckets) and buckets[-1] == g("loraplex_batch_rows_per_step_count") > 0
+assert g("loraplex_batch_rows_per_step_sum") == g("loraplex_engine_rows_total")
+assert types["loraplex_batch_rows_per_step"] == "histogram"
+EOF
+
 grep -q "POST /v1/completions 200" "$work/log" && ok || bad "a log line per request"
 kill -INT $pid
 wait $pid

@@ -24,6 +24,8 @@
 #include "../base/base.h"
 #include "page.h"
 
+#define LP_BATCH_BUCKETS 10 /* batch rows histogram: le 1, 2, 4, ..., 256, +Inf */
+
 /* ---- jobs ------------------------------------------------------------------------------ */
 
 typedef struct job job;
@@ -114,8 +116,9 @@ typedef struct server {
     /* metrics, under mu */
     uint64_t requests_total, responses_4xx, responses_5xx, tokens_prompt, tokens_generated;
     int64_t steps, rows;
-    int kv_used, kv_total;
+    int kv_used, kv_total, kv_block_tokens;
     int last_batch_rows;
+    uint64_t batch_hist[LP_BATCH_BUCKETS]; /* steps with at most 2^i rows (the last: any) */
 
     pthread_t scheduler;
     struct MHD_Daemon *daemon;
@@ -293,9 +296,15 @@ static void *scheduler_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         s->steps = steps;
         s->rows = rows;
-        if (steps > steps_before) s->last_batch_rows = (int)(rows - rows_before);
+        if (steps > steps_before) {
+            s->last_batch_rows = (int)(rows - rows_before);
+            int k = 0;
+            while (k < LP_BATCH_BUCKETS - 1 && s->last_batch_rows > 1 << k) k++;
+            s->batch_hist[k]++;
+        }
         s->kv_used = kv_used;
         s->kv_total = kv_total;
+        s->kv_block_tokens = bt;
         pthread_mutex_unlock(&s->mu);
 
         job **link = &active;
@@ -405,11 +414,12 @@ static enum MHD_Result route_metrics(server *s, conn *cn, struct MHD_Connection 
                    "# TYPE loraplex_batch_rows gauge\nloraplex_batch_rows %d\n"
                    "# TYPE loraplex_kv_blocks_used gauge\nloraplex_kv_blocks_used %d\n"
                    "# TYPE loraplex_kv_blocks_total gauge\nloraplex_kv_blocks_total %d\n"
+                   "# TYPE loraplex_kv_block_tokens gauge\nloraplex_kv_block_tokens %d\n"
                    "# TYPE loraplex_adapter_requests_total counter\n",
                    (unsigned long long)s->requests_total, (unsigned long long)s->responses_4xx,
                    (unsigned long long)s->responses_5xx, (unsigned long long)s->tokens_prompt,
                    (unsigned long long)s->tokens_generated, s->queued, s->in_flight - s->queued, (long long)s->steps,
-                   (long long)s->rows, s->last_batch_rows, s->kv_used, s->kv_total);
+                   (long long)s->rows, s->last_batch_rows, s->kv_used, s->kv_total, s->kv_block_tokens);
     /* names are [A-Za-z0-9._-] (checked at load): no label escaping needed */
     for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
         if (s->adapters[i])
@@ -420,6 +430,24 @@ static enum MHD_Result route_metrics(server *s, conn *cn, struct MHD_Connection 
         if (s->adapters[i])
             lp_sbuf_printf(&b, "loraplex_adapter_generated_tokens_total{adapter=\"%s\"} %llu\n", s->adapters[i]->name,
                            (unsigned long long)s->adapters[i]->tokens);
+    /* choices running or queued with it: its references besides the table's */
+    lp_sbuf_lit(&b, "# TYPE loraplex_adapter_active_requests gauge\n");
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
+        if (s->adapters[i])
+            lp_sbuf_printf(&b, "loraplex_adapter_active_requests{adapter=\"%s\"} %d\n", s->adapters[i]->name,
+                           s->adapters[i]->refs - 1);
+    /* rows per engine step: the batch size */
+    lp_sbuf_lit(&b, "# TYPE loraplex_batch_rows_per_step histogram\n");
+    uint64_t cumulative = 0;
+    for (int k = 0; k < LP_BATCH_BUCKETS; k++) {
+        cumulative += s->batch_hist[k];
+        if (k < LP_BATCH_BUCKETS - 1)
+            lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_bucket{le=\"%d\"} %llu\n", 1 << k,
+                           (unsigned long long)cumulative);
+        else lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cumulative);
+    }
+    lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_sum %llu\nloraplex_batch_rows_per_step_count %llu\n",
+                   (unsigned long long)s->rows, (unsigned long long)cumulative);
     lp_sbuf_printf(&b,
                    "# TYPE loraplex_adapters_loaded gauge\nloraplex_adapters_loaded %d\n"
                    "# TYPE loraplex_adapter_loads_total counter\nloraplex_adapter_loads_total %llu\n"
