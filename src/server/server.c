@@ -15,6 +15,7 @@
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1069,6 +1070,20 @@ static void unload(server *s) {
     lp_model_free(s->model);
 }
 
+/* libmicrohttpd's messages: a client that leaves mid-stream makes it say
+ * that it could not send the rest of a chunked body, which is expected (the
+ * request is cancelled and logged as ended early); everything else goes to
+ * stderr. */
+static void http_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    if (strstr(line, "Failed to send the chunked response body")) return;
+    size_t n = strlen(line);
+    while (n > 0 && line[n - 1] == '\n') line[--n] = 0;
+    fprintf(stderr, "loraplex serve: http: %s\n", line);
+}
+
 static struct MHD_Daemon *start_http(server *s, lp_error *err) {
     struct sockaddr_in addr = {.sin_family = AF_INET, .sin_port = htons((uint16_t)s->p.port)};
     if (inet_pton(AF_INET, s->p.host, &addr.sin_addr) != 1) {
@@ -1078,7 +1093,7 @@ static struct MHD_Daemon *start_http(server *s, lp_error *err) {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_queue + s->p.parallel + 32),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, http_log, (void *)NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_queue + s->p.parallel + 32),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_END);
     if (!d) lp_error_set(err, LP_ERR_IO, "cannot listen on %s:%d (in use?)", s->p.host, s->p.port);
     return d;
