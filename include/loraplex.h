@@ -552,9 +552,10 @@ const char *lp_forecast_adapter_name(const lp_forecast *f); /* "" for the base *
 #define LP_SPEC_MAX_DEPTH 8
 #define LP_SPEC_MAX_NODES 64
 
-/* How a request speculates (lp_request.speculate). Greedy only for now: a
- * speculative request must sample with temperature 0 and without a
- * borrowed sampler, else lp_engine_submit refuses it (LP_ERR_INVALID).
+/* How a request speculates (lp_request.speculate). Greedy or sampled, the
+ * output is the plain output (for a seed, token for token); a speculative
+ * request must use its own sampler (lp_request.sampler NULL), else
+ * lp_engine_submit refuses it (LP_ERR_INVALID).
  * The engine binds forecast sets to the context's embedding tables
  * (1..max_embd_tables) while requests use them; rows it cannot fit (rows,
  * logit rows, sequence length) are left out, which only lowers acceptance.

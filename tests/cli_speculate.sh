@@ -2,9 +2,10 @@
 # `loraplex run --speculate` end to end: forecast-random writes an .lpf;
 # greedy speculative output (random forecasts, prompt lookup, both; with and
 # without an adapter; stop strings; JSON text lines) is byte for byte the
-# plain output; -v and --json report the speculation; sampling falls back
-# to plain decoding with a message; bad files are refused naming the file;
-# train-forecast (smoke) writes files that speculate exactly as well.
+# plain output, greedy and sampled (for a seed); -v and --json report the
+# speculation; bad files are refused naming the file; train-forecast (smoke)
+# writes files that speculate exactly as well; bench --speculate on the demo
+# world checks every output against plain decoding and reports per tree.
 set -u
 bin="$1"; models="$2"; work="$3/cli_speculate_tmp"
 mkdir -p "$work"
@@ -42,10 +43,16 @@ grep -q '"done":true,"tokens":40,"stop":"length","speculate":{"forward_passes":[
 grep -q 'speculative (forecast \[3,2\]): 40 tokens in [0-9]* passes that produced tokens ([0-9.]* tokens per pass)' "$work/err" \
   && ok || { bad "-v report"; cat "$work/err" >&2; }
 
-# sampling: explicit fallback to plain decoding, same output as without --speculate
-a=$("$bin" run -m "$m" -p "One day" -n 30 --temp 0.8 --seed 5 -t 1 2>/dev/null)
-b=$("$bin" run -m "$m" -p "One day" -n 30 --temp 0.8 --seed 5 -t 1 --speculate "$work/r.lpf" 2>"$work/err")
-[ "$a" = "$b" ] && grep -q "greedy only" "$work/err" && ok || bad "sampling fallback"
+# sampling speculates too: for a seed, the plain sampler's output exactly
+# (different seeds must differ, or the comparison proves nothing)
+for seed in 5 6 7; do
+  a=$("$bin" run -m "$m" -p "One day" -n 60 --temp 0.8 --seed $seed -t 1 2>/dev/null)
+  b=$("$bin" run -m "$m" -p "One day" -n 60 --temp 0.8 --seed $seed -t 1 -v --speculate "$work/r.lpf" --lookup 3 \
+      2>"$work/err")
+  [ -n "$a" ] && [ "$a" = "$b" ] && grep -q "speculative (forecast" "$work/err" && ok || bad "sampled, seed $seed"
+  eval "s$seed=\$a"
+done
+[ "$s5" != "$s6" ] && [ "$s6" != "$s7" ] && ok || bad "three seeds gave the same sampled text"
 
 # refusals: a damaged file, a file for another width, a bad tree
 head -c 100 "$work/r.lpf" >"$work/short.lpf"
@@ -78,6 +85,23 @@ cmp -s "$work/plain" "$work/spec" && ok || bad "adapter-trained forecast: output
 echo '{"text":"no prompt"}' >"$work/bad.jsonl"
 "$bin" train-forecast --base "$m" --data "$work/bad.jsonl" -k 2 -o "$work/x.lpf" 2>"$work/err"; rc=$?
 [ $rc -ne 0 ] && grep -q "bad.jsonl:1" "$work/err" && ok || bad "bad prompts file: rc=$rc"
+
+# bench --speculate on two demo tasks: a forecast set for one (DIR/<task>.lpf),
+# lookup only for the other; every output identical to plain decoding
+demo="$(dirname "$0")/../models/demo"
+mkdir -p "$work/fc"
+"$bin" forecast-random --model "$demo/base.gguf" -k 2 --seed 1 -o "$work/fc/correct.lpf" 2>/dev/null
+"$bin" bench --speculate "$work/fc" -m "$demo/base.gguf" --data "$demo/eval/tasks" --records 3 -n 24 \
+  --trees "2;2,1" --adapters correct="$demo/adapters/correct.lpa",reply="$demo/adapters/reply.lpa" \
+  >"$work/bench" 2>"$work/err"; rc=$?
+[ $rc -eq 0 ] && [ "$(grep -c ' 3/3 ' "$work/bench")" -eq 8 ] && grep -q "chosen" "$work/bench" \
+  && grep -q "reply (3 prompts, no forecast set" "$work/bench" && grep -q "^  \[2,1\]+lookup" "$work/bench" \
+  && grep -q "cost of one forward" "$work/bench" && ok || { bad "bench --speculate rc=$rc"; cat "$work/bench" "$work/err" >&2; }
+"$bin" bench --speculate "$work/fc" -m "$demo/base.gguf" --data "$demo/eval/tasks" --records 2 -n 16 --json \
+  --trees 2 --adapters correct="$demo/adapters/correct.lpa" >"$work/bj" 2>/dev/null \
+  && [ "$(grep -c '"identical": 2, "records": 2' "$work/bj")" -eq 4 ] && ok || { bad "bench --speculate --json"; cat "$work/bj" >&2; }
+"$bin" bench --speculate none -m "$demo/base.gguf" --data "$work/nowhere" 2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "nowhere/base.eval.jsonl" "$work/err" && ok || bad "bench --speculate, missing data: rc=$rc"
 
 rm -rf "$work"
 echo "cli_speculate: $pass passed, $fail failed"

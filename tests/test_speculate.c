@@ -510,6 +510,52 @@ static void test_repeat_penalty(const lp_model *m) {
     }
 }
 
+/* Sampling: the engine draws each token from its node's exact logits, one
+ * draw per token in order, so for a seed the speculative output is the plain
+ * sampler's token for token (and so has its distribution); drafts must
+ * still be accepted now and then, or the tree path went untested. */
+static void test_sampled_equal(const lp_model *m, const lp_adapter *lora) {
+    lp_error err;
+    lp_forecast *f = random_forecast(m, 2, 7, 0.5f);
+    lp_speculate s = lp_speculate_default();
+    s.forecast = f, s.depth = 2, s.branches[0] = 3, s.branches[1] = 2;
+    s.lookup_ngram = 3, s.lookup_len = 8;
+    int64_t accepted = 0, generated = 0, passes = 0;
+    const float temps[3] = {0.5f, 0.8f, 1.2f};
+    for (int p = 0; p < N_PROMPTS; p++)
+        for (int k = 0; k < 3; k++) {
+            result *res[2];
+            for (int v = 0; v < 2; v++) {
+                lp_context *ctx = make_ctx(m, 1);
+                lp_engine *e = lp_engine_create(ctx, NULL, &err);
+                res[v] = calloc(1, sizeof *res[v]);
+                job j = {PROMPTS[p], p % 2 ? lora : NULL, v ? &s : NULL, 64, NULL};
+                lp_request q = make_request(&j, res[v]);
+                q.sampling.temperature = temps[k];
+                q.sampling.top_k = k == 1 ? 40 : 0;
+                q.sampling.top_p = k == 2 ? 0.9f : 1.0f;
+                q.sampling.seed = 1000u + (uint64_t)(p * 3 + k);
+                int id = lp_engine_submit(e, &q, &err);
+                CHECK_MSG(id >= 0 && lp_engine_run(e, &err) == 0, "%s", err.message);
+                take_result(e, id, res[v]);
+                lp_engine_free(e);
+                lp_context_free(ctx);
+            }
+            CHECK_MSG(same(res[0], res[1]), "temperature %.1f, prompt %d: speculative sampling differs from plain "
+                      "sampling with the same seed", (double)temps[k], p);
+            accepted += res[1]->spec.n_accepted;
+            generated += res[1]->spec.n_generated;
+            passes += res[1]->spec.n_passes;
+            free(res[0]);
+            free(res[1]);
+        }
+    printf("sampled, [3,2] + lookup: %lld tokens in %lld passes (%.2f tokens/pass), %lld drafts accepted\n",
+           (long long)generated, (long long)passes, passes ? (double)generated / (double)passes : 0.0,
+           (long long)accepted);
+    CHECK_MSG(accepted > 0, "no draft was ever accepted under sampling: the tree path went untested");
+    lp_forecast_free(f);
+}
+
 /* The engine refuses what it cannot do exactly. */
 static void test_refusals(const lp_model *m) {
     lp_error err;
@@ -521,10 +567,13 @@ static void test_refusals(const lp_model *m) {
     lp_request q = lp_request_default();
     q.text = "Hello";
     q.speculate = &s;
-    q.sampling.temperature = 0.8f;
+    lp_sampler_params sampler_params = lp_sampler_default_params();
+    lp_sampler *borrowed = lp_sampler_create(m, &sampler_params, &err);
+    q.sampler = borrowed; /* shared draws would interleave with other requests' */
     err.status = LP_OK;
-    CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID && strstr(err.message, "greedy"));
-    q.sampling.temperature = 0;
+    CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID && strstr(err.message, "own sampler"));
+    q.sampler = NULL;
+    lp_sampler_free(borrowed);
     s.depth = 3; /* more than the set has */
     CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID);
     s.depth = 2;
@@ -706,6 +755,7 @@ int main(void) {
     test_preempt(m);
     test_tight(m);
     test_repeat_penalty(m);
+    test_sampled_equal(m, lora);
     test_refusals(m);
     if (s) {
         test_tree_rows_bitwise(s);

@@ -979,7 +979,8 @@ static void bench_usage(FILE *out) {
             "                          at the number of adapters)\n"
             "      --kv-f32            KV cache in f32 (default f16)\n"
             "      --json              JSON lines instead of tables\n"
-            "      --svg FILE          write a chart (streams and adapter modes)\n");
+            "      --svg FILE          write a chart (streams and adapter modes)\n"
+            "      --speculate ...     speculative decoding per task (bench --speculate --help)\n");
 }
 
 static int parse_bench(int argc, char **argv, bench_options *o) {
@@ -1059,7 +1060,11 @@ static void default_counts(bench_options *o) {
         if (n_adapters < 32) o->counts[o->n_counts++] = n_adapters;
 }
 
+int cli_bench_speculate(int argc, char **argv); /* cli_bench_spec.c */
+
 int cli_bench(int argc, char **argv) {
+    for (int i = 1; i < argc; i++)
+        if (!strcmp(argv[i], "--speculate")) return cli_bench_speculate(argc, argv);
     bench_options o;
     int rc = parse_bench(argc, argv, &o);
     if (rc) return rc > 0 ? 0 : 2;

@@ -47,7 +47,7 @@ static void run_usage(FILE *out) {
             "      --temps T1,T2,...   per-stream temperatures\n"
             "      --json              JSON lines: {\"stream\":i,\"text\":...} as produced, then\n"
             "                          {\"stream\":i,\"done\":true,\"stop\":...}\n"
-            "speculative decoding (greedy only: needs --temp 0; prints exactly the plain output):\n"
+            "speculative decoding (prints exactly the plain output, greedy or sampled with a --seed):\n"
             "      --speculate F.lpf   forecast embeddings (loraplex forecast-random, train-forecast)\n"
             "      --tree B1,B2,...    candidates per depth from the forecast rows (default 3,2,\n"
             "                          cut to the file's k); 1,1,1,1 is a chain of 4\n"
@@ -428,11 +428,6 @@ int cli_run(int argc, char **argv) {
     if (speculate && n_streams > 1) {
         fprintf(stderr, "loraplex run: --speculate and --lookup decode one stream (not --streams)\n");
         goto out;
-    }
-    if (speculate && o.sampling.temperature > 0) {
-        fprintf(stderr, "loraplex run: speculative decoding is greedy only for now; --temp %g decodes "
-                        "without it (use --temp 0 to speculate)\n", (double)o.sampling.temperature);
-        speculate = false;
     }
     rc = 1;
     const char *text = o.prompt;

@@ -237,13 +237,17 @@ static void finish(lp_engine *e, request *r, const char *reason, lp_status statu
 
 lp_speculate lp_speculate_default(void) { return (lp_speculate){0}; }
 
-/* Speculation settings a request may carry (greedy only for now). */
+/* Speculation settings a request may carry. Sampling is allowed with the
+ * request's own sampler: spec_after draws each token from the node's exact
+ * logits in order, one draw per token as plain decoding does, so the output
+ * is the plain sampler's token for token for a seed. A borrowed sampler is
+ * shared with other requests, whose draws would interleave differently. */
 static int check_speculate(const lp_engine *e, const lp_request *q, lp_error *err) {
     const lp_speculate *sp = q->speculate;
-    if (q->sampler || q->sampling.temperature != 0.0f)
+    if (q->sampler)
         return lp_error_set(err, LP_ERR_INVALID,
-                            "speculative decoding is greedy only for now: the request must sample with "
-                            "temperature 0 and no borrowed sampler (decode it without speculation)");
+                            "speculative decoding needs the request's own sampler (a borrowed sampler's draws "
+                            "would interleave with other requests'): decode it without speculation");
     if (q->token_fn)
         return lp_error_set(err, LP_ERR_INVALID,
                             "log-probabilities (token_fn) are not reported under speculative decoding yet");
