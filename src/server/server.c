@@ -1071,14 +1071,15 @@ static void unload(server *s) {
 }
 
 /* libmicrohttpd's messages: a client that leaves mid-stream makes it say
- * that it could not send the rest of a chunked body, which is expected (the
- * request is cancelled and logged as ended early); everything else goes to
- * stderr. */
+ * that it could not send the rest of a chunked body or its footers, which is
+ * expected (the request is cancelled and logged as ended early); everything
+ * else goes to stderr. */
 static void http_log(void *cls, const char *fmt, va_list ap) {
     (void)cls;
     char line[512];
     vsnprintf(line, sizeof line, fmt, ap);
-    if (strstr(line, "Failed to send the chunked response body")) return;
+    if (!strncmp(line, "Failed to send the chunked response body", 40) || !strncmp(line, "Failed to send the footers", 26))
+        return;
     size_t n = strlen(line);
     while (n > 0 && line[n - 1] == '\n') line[--n] = 0;
     fprintf(stderr, "loraplex serve: http: %s\n", line);
@@ -1120,11 +1121,12 @@ int lp_server_run(const lp_server_params *params, lp_error *err) {
         goto out;
     }
     scheduler_started = true;
+    int n_adapters = s->n_adapters; /* before connection threads may load more */
     s->daemon = start_http(s, err);
     if (!s->daemon) goto out;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "loraplex serve: %s with %d adapter%s, listening on http://%s:%u/\n", s->base_name,
-            s->n_adapters, s->n_adapters == 1 ? "" : "s", s->p.host, info ? info->port : (unsigned)s->p.port);
+    fprintf(stderr, "loraplex serve: %s with %d adapter%s, listening on http://%s:%u/\n", s->base_name, n_adapters,
+            n_adapters == 1 ? "" : "s", s->p.host, info ? info->port : (unsigned)s->p.port);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "loraplex serve: signal %d, stopping\n", sig);
