@@ -293,7 +293,33 @@ typedef struct lp_sampler_params {
     float repeat_penalty; /* 1 = off */
     int repeat_last_n;    /* tokens of history the penalty looks at */
     uint64_t seed;
+    /* OpenAI's penalties over the generated tokens (0 = off): a token's
+     * logit loses presence_penalty if it was generated at all and
+     * frequency_penalty times the number of times it was */
+    float presence_penalty, frequency_penalty;
+    const struct lp_logit_bias *logit_bias; /* added to the logits (copied by
+                                 lp_sampler_create; ids outside the vocabulary
+                                 are refused) */
+    int n_logit_bias;
 } lp_sampler_params;
+
+typedef struct lp_logit_bias {
+    int32_t token;
+    float bias;
+} lp_logit_bias;
+
+#define LP_MAX_TOP_LOGPROBS 20
+
+/* Log-probabilities of one sampled token: of the distribution after the
+ * penalties and the logit bias, before temperature and top-k / top-p /
+ * min-p truncation (what OpenAI's logprobs report). */
+typedef struct lp_token_logprobs {
+    int32_t token;
+    float logprob;
+    int n_top;                /* the best n_top tokens, most likely first */
+    int32_t top_token[LP_MAX_TOP_LOGPROBS];
+    float top_logprob[LP_MAX_TOP_LOGPROBS];
+} lp_token_logprobs;
 
 lp_sampler_params lp_sampler_default_params(void);
 lp_sampler *lp_sampler_create(const lp_model *model,
@@ -303,6 +329,14 @@ void lp_sampler_reset(lp_sampler *s, uint64_t seed);
 /* Picks a token from logits (not modified); history: tokens so far. */
 int32_t lp_sampler_sample(lp_sampler *s, const float *logits,
                           const int32_t *history, int n_history);
+/* The same, where the last n_generated entries of history are the
+ * generated tokens (the presence and frequency penalties count only those;
+ * lp_sampler_sample counts the whole history), and lp (NULL: not computed)
+ * gets the chosen token's log-probability and the n_top best
+ * (0..LP_MAX_TOP_LOGPROBS) from the same logits the draw sees. */
+int32_t lp_sampler_sample_ex(lp_sampler *s, const float *logits, const int32_t *history,
+                             int n_history, int n_generated, int n_top,
+                             lp_token_logprobs *lp);
 
 /* ---- generation ------------------------------------------------------------ */
 
@@ -395,6 +429,10 @@ typedef struct lp_engine lp_engine;
 /* Text of a request as it is produced (stop strings held back until
  * resolved); return false to end the request ("callback"). */
 typedef bool (*lp_request_fn)(void *user, int request, const char *text, size_t len);
+/* Each generated token with its log-probabilities (lp_request.token_fn),
+ * called before its text goes to lp_request_fn; an end-of-generation token
+ * that ends the request is not reported. */
+typedef void (*lp_token_fn)(void *user, int request, const lp_token_logprobs *lp);
 
 typedef struct lp_request {
     const int32_t *prompt;      /* prompt tokens (copied at submit), or NULL and ... */
@@ -422,6 +460,10 @@ typedef struct lp_request {
     bool drop_kv;               /* free the KV when done instead of caching it */
     lp_request_fn fn;
     void *user;
+    lp_token_fn token_fn;       /* NULL: no log-probabilities; else sampled tokens
+                                   (not forced or speculated ones) are reported
+                                   with the top_logprobs best alternatives */
+    int top_logprobs;           /* 0..LP_MAX_TOP_LOGPROBS */
     const struct lp_speculate *speculate; /* NULL: one token per step; else
                                    speculative decoding (below; copied at submit) */
 } lp_request;

@@ -92,7 +92,14 @@ check4xx "invalid UTF-8" 400 "$url$c" --data-binary @"$work/badutf8"
 check4xx "lone surrogate" 400 "$url$c" -d '{"prompt": "\ud800"}'
 check4xx "traversal model name" 404 "$url$c" -d '{"prompt": "a", "model": "../../etc/passwd"}'
 check4xx "unknown lora id" 404 "$url$c" -d '{"prompt": "a", "lora": [{"id": 99, "scale": 1}]}'
-check4xx "logprobs not yet" 400 "$url$c" -d '{"prompt": "a", "logprobs": 2}'
+check4xx "logprobs too many" 400 "$url$c" -d '{"prompt": "a", "logprobs": 21}'
+check4xx "logprobs wrong type" 400 "$url$c" -d '{"prompt": "a", "logprobs": "yes"}'
+check4xx "top_logprobs alone" 400 "$url/v1/chat/completions" -d '{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 2}'
+check4xx "logit_bias key" 400 "$url$c" -d '{"prompt": "a", "logit_bias": {"the": 1}}'
+check4xx "logit_bias range" 400 "$url$c" -d '{"prompt": "a", "logit_bias": {"5": 101}}'
+check4xx "logit_bias outside vocab" 400 "$url$c" -d '{"prompt": "a", "logit_bias": {"99999999": 1}}'
+check4xx "penalty range" 400 "$url$c" -d '{"prompt": "a", "presence_penalty": 3}'
+check4xx "detokenize outside vocab" 400 "$url/detokenize" -d '{"tokens": [99999999]}'
 head -c 10000000 /dev/zero | tr '\0' 'a' | sed 's/^/{"prompt": "/; s/$/"}/' >"$work/big"
 check4xx "10 MB body" 413 "$url$c" --data-binary @"$work/big"
 long=$(head -c 40000 /dev/zero | tr '\0' 'x' | sed 's/x/la /g')
@@ -119,11 +126,103 @@ else
   echo "cli_serve: SKIPPED the openai client part (run npm ci --prefix tests/server)"
 fi
 
+# /metrics: Prometheus text (every sample typed, histogram cumulative with
+# count and sum), and the numbers add up after the load above
+curl -s "$url/metrics" >"$work/metrics"
+python3 - "$work/metrics" <<'EOF' && ok || bad "metrics: $(head -c 600 "$work/metrics")"
+import re, sys
+types, samples = {}, {}
+for line in open(sys.argv[1]):
+    line = line.rstrip("\n")
+    if line.startswith("# TYPE "):
+        _, _, name, kind = line.split(" ")
+        types[name] = kind
+        continue
+    m = re.fullmatch(r'([a-z_0-9]+)(\{[a-z]+="[^"]*"\})? (-?[0-9]+)', line)
+    assert m, line
+    base = re.sub(r"_(bucket|sum|count)$", "", m[1]) if m[1] not in types else m[1]
+    assert base in types, line
+    samples[m[1] + (m[2] or "")] = int(m[3])
+g = samples.get
+assert g("loraplex_requests_total") > 0 and g("loraplex_generated_tokens_total") > 0
+assert g("loraplex_queue_depth") == 0 and g("loraplex_active_requests") == 0
+assert g("loraplex_kv_blocks_total") > 0 and 0 <= g("loraplex_kv_blocks_used") <= g("loraplex_kv_blocks_total")
+per = [v for k, v in samples.items() if k.startswith("loraplex_adapter_requests_total{")]
+assert len(per) == 8 and sum(per) > 0, per
+assert sum(v for k, v in samples.items() if k.startswith("loraplex_adapter_generated_tokens_total{")) <= g("loraplex_generated_tokens_total")
+assert all(v == 0 for k, v in samples.items() if k.startswith("loraplex_adapter_active_requests{"))
+buckets = [v for k, v in samples.items() if k.startswith("loraplex_batch_rows_per_step_bucket")]
+assert buckets == sorted(buckets) and buckets[-1] == g("loraplex_batch_rows_per_step_count") > 0
+assert g("loraplex_batch_rows_per_step_sum") == g("loraplex_engine_rows_total")
+assert types["loraplex_batch_rows_per_step"] == "histogram"
+EOF
+
 grep -q "POST /v1/completions 200" "$work/log" && ok || bad "a log line per request"
+# clients that left mid-stream are logged as ended early, without
+# libmicrohttpd's own complaint about the rest of the body
+grep -q "(connection ended early)" "$work/log" && ! grep -q "Failed to send" "$work/log" && ok ||
+  bad "cancelled streams in the log: $(grep -m2 "Failed to send" "$work/log")"
 kill -INT $pid
 wait $pid
 rc=$?
 [ $rc -eq 0 ] && grep -q "stopping" "$work/log" && ok || bad "SIGINT: rc=$rc $(tail -3 "$work/log")"
+
+# hot loading from --adapter-dir only: a second server, no key, a directory
+# of its own with a subfolder (not loaded at start), a symlink pointing out
+adir="$work/adir"
+rm -rf "$adir"; mkdir -p "$adir/sub"
+cp "$demo/adapters/correct.lpa" "$adir/"
+cp "$demo/adapters/style-terse.lpa" "$adir/sub/terse.lpa"
+ln -sf "$demo/adapters/reply.lpa" "$adir/outside.bin"
+"$bin" serve -m "$demo/base.gguf" --adapter-dir "$adir" --port 0 -t 2 >"$work/out2" 2>"$work/log2" &
+pid=$!
+port=""
+for _ in $(seq 100); do
+  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log2")
+  [ -n "$port" ] && break
+  sleep 0.1
+done
+if [ -z "$port" ]; then echo "FAIL: the second server did not start:"; cat "$work/log2"; kill $pid; exit 1; fi
+url="http://127.0.0.1:$port"
+models() { curl -s "$url/v1/models" | python3 -c 'import json,sys; print(" ".join(m["id"] for m in json.load(sys.stdin)["data"]))'; }
+load() { req "$url/v1/load_lora_adapter" -d "{\"lora_name\":\"$1\",\"lora_path\":\"$2\"}"; }
+[ "$(models)" = "base correct" ] && ok || bad "models at start: $(models)"
+[ "$(load terse sub/terse.lpa)" = 200 ] && [ "$(models)" = "base correct terse" ] && ok || bad "load: $(cat "$work/body")"
+prompt=$(head -1 "$demo/eval/tasks/style-terse.eval.jsonl" | sed 's/.*"prompt":"\([^"]*\)".*/\1/')
+[ "$(req "$url/v1/completions" -d "{\"model\":\"terse\",\"prompt\":\"$prompt\",\"max_tokens\":24,\"temperature\":0}")" = 200 ] && ok || bad "hot-loaded completion"
+printf '%s\n' "$(node_text "$work/body")" >"$work/server.txt"
+printf '%b' "$prompt" >"$work/prompt.txt"
+"$bin" run -m "$demo/base.gguf" --adapter "$demo/adapters/style-terse.lpa" -f "$work/prompt.txt" -n 24 --temp 0 \
+  >"$work/run.txt" 2>/dev/null
+cmp -s "$work/server.txt" "$work/run.txt" && ok || bad "hot-loaded != run: $(cat "$work/server.txt") vs $(cat "$work/run.txt")"
+[ "$(load terse sub/terse.lpa)" = 400 ] && ok || bad "the same name twice"
+[ "$(load t2 "$adir/sub/terse.lpa")" = 200 ] && ok || bad "absolute path inside: $(cat "$work/body")"
+[ "$(load t3 outside.bin)" = 400 ] && grep -q "outside" "$work/body" && ok || bad "symlink out: $(cat "$work/body")"
+[ "$(load t3 ../cli_serve_tmp/adir/correct.lpa)" = 400 ] && ok || bad "dot-dot: $(cat "$work/body")"
+[ "$(load t3 "$demo/adapters/reply.lpa")" = 400 ] && ok || bad "absolute path outside: $(cat "$work/body")"
+[ "$(load t3 /etc/passwd)" = 400 ] && ok || bad "/etc/passwd"
+[ "$(load ../t3 correct.lpa)" = 400 ] && ok || bad "bad name"
+[ "$(load t3 missing.lpa)" = 400 ] && ok || bad "missing file"
+[ "$(load t3 sub)" = 400 ] && ok || bad "a directory that is no adapter"
+[ "$(req "$url/v1/unload_lora_adapter" -d '{"lora_name":"terse"}')" = 200 ] && [ "$(models)" = "base correct t2" ] && ok ||
+  bad "unload: $(models)"
+[ "$(req "$url/v1/unload_lora_adapter" -d '{"lora_name":"terse"}')" = 404 ] && ok || bad "unload twice"
+[ "$(req "$url/v1/completions" -d '{"model":"terse","prompt":"x"}')" = 404 ] && ok || bad "unloaded: 404"
+[ "$(load terse sub/terse.lpa)" = 200 ] && ok || bad "load again"
+curl -s "$url/metrics" >"$work/metrics"
+grep -q '^loraplex_adapter_requests_total{adapter="terse"} 0$' "$work/metrics" &&
+  grep -q '^loraplex_adapter_loads_total 3$' "$work/metrics" && grep -q '^loraplex_adapter_unloads_total 1$' "$work/metrics" &&
+  grep -q '^loraplex_adapters_loaded 3$' "$work/metrics" && ok || bad "metrics after loads: $(grep adapter "$work/metrics")"
+if [ -d "$src/tests/server/node_modules/openai" ] && command -v node >/dev/null; then
+  node "$src/tests/server/hotload.mjs" "$port" "$bin" "$demo" sub/terse.lpa && ok || bad "unload/reload under load"
+  [ "$(req "$url/health")" = 200 ] && ok || bad "serving after the hot-load loop"
+elif [ "${LORAPLEX_REQUIRE_NODE:-0}" = 1 ]; then
+  bad "the openai client is not installed (npm ci --prefix tests/server)"
+fi
+kill -INT $pid
+wait $pid
+rc=$?
+[ $rc -eq 0 ] && ok || bad "second server SIGINT: rc=$rc $(tail -3 "$work/log2")"
 
 echo "cli_serve: $pass passed, $fail failed"
 [ $fail -eq 0 ]

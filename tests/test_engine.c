@@ -10,6 +10,7 @@
  *     middle value, a slot rebound between forward and commit, a row
  *     committed twice, n_predict = 0, attention split by one row's length;
  *   - rows fed from a bound embedding table. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -551,6 +552,79 @@ static void test_embedding_rows(lp_model *m) {
     lp_context_free(ctx);
 }
 
+typedef struct lp_record {
+    lp_token_logprobs lp[MAX_OUT];
+    int n;
+} lp_record;
+
+static void record_logprobs(void *user, int request, const lp_token_logprobs *lp) {
+    (void)request;
+    lp_record *r = user;
+    if (r->n < MAX_OUT) r->lp[r->n++] = *lp;
+}
+
+/* Log-probabilities reported through token_fn (greedy, a frequency
+ * penalty) equal a direct computation: one forward over the prompt and the
+ * generated tokens, OpenAI's penalty applied to each row's logits by hand,
+ * a double log-softmax. */
+static void test_logprobs(const lp_model *m) {
+    lp_context *ctx = make_ctx(m, 1024, 4);
+    if (!ctx) return;
+    lp_error err;
+    lp_engine *e = lp_engine_create(ctx, NULL, &err);
+    lp_record rec = {0};
+    lp_request q = lp_request_default();
+    q.text = "Once upon a time";
+    q.sampling.temperature = 0;
+    q.sampling.frequency_penalty = 0.75f;
+    q.max_tokens = 20;
+    q.stop_at_eog = false;
+    q.no_reuse = q.drop_kv = true;
+    q.token_fn = record_logprobs;
+    q.top_logprobs = 4;
+    q.user = &rec;
+    int id = lp_engine_submit(e, &q, &err);
+    CHECK_MSG(id >= 0, "%s", err.message);
+    CHECK_MSG(lp_engine_run(e, &err) == 0, "%s", err.message);
+    int n_gen;
+    const int32_t *gen = lp_engine_request_tokens(e, id, &n_gen);
+    CHECK_MSG(n_gen == 20 && rec.n == n_gen, "generated %d, reported %d", n_gen, rec.n);
+    int32_t toks[128];
+    int n_prompt = lp_tokenize(m, q.text, strlen(q.text), true, false, toks, 64, &err);
+    CHECK(n_prompt > 0 && n_prompt + n_gen <= 128);
+    if (n_prompt <= 0 || n_gen != 20 || rec.n != n_gen) goto out;
+    memcpy(toks + n_prompt, gen, (size_t)n_gen * sizeof *gen);
+    lp_row rows[128];
+    int n_rows = n_prompt + n_gen - 1;
+    for (int i = 0; i < n_rows; i++)
+        rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = 3, .parent = i - 1, .logits = i >= n_prompt - 1};
+    CHECK_MSG(lp_forward(ctx, rows, n_rows, &err) == 0, "%s", err.message);
+    lp_model_info mi;
+    lp_model_get_info(m, &mi);
+    int V = mi.n_vocab, bad = 0;
+    float *w = malloc((size_t)V * sizeof *w);
+    for (int g = 0; w && g < n_gen; g++) {
+        memcpy(w, lp_logits(ctx, n_prompt - 1 + g), (size_t)V * sizeof *w);
+        for (int k = 0; k < g; k++) w[gen[k]] -= q.sampling.frequency_penalty;
+        double max = -INFINITY, sum = 0;
+        for (int t = 0; t < V; t++) max = w[t] > max ? w[t] : max;
+        for (int t = 0; t < V; t++) sum += exp(w[t] - max);
+        double lse = max + log(sum);
+        const lp_token_logprobs *lp = &rec.lp[g];
+        bool ok = lp->token == gen[g] && fabs(lp->logprob - (w[gen[g]] - lse)) < 2e-3 && lp->n_top == 4 &&
+                  lp->top_token[0] == gen[g];
+        for (int i = 0; ok && i < 4; i++)
+            ok = fabs(lp->top_logprob[i] - (w[lp->top_token[i]] - lse)) < 2e-3 &&
+                 (i == 0 || lp->top_logprob[i] <= lp->top_logprob[i - 1]);
+        bad += !ok;
+    }
+    free(w);
+    CHECK_MSG(bad == 0, "%d of %d tokens' log-probabilities differ from the direct computation", bad, n_gen);
+out:
+    lp_engine_free(e);
+    lp_context_free(ctx);
+}
+
 int main(void) {
     lp_error err;
     lp_model *m = lp_model_load(MODEL, NULL, &err);
@@ -569,6 +643,7 @@ int main(void) {
     test_zero_tokens(m);
     test_attention_split(m);
     test_embedding_rows(m);
+    test_logprobs(m);
     lp_adapter_free(adapters[0]);
     lp_adapter_free(adapters[1]);
     lp_model_free(m);

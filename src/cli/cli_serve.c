@@ -17,7 +17,10 @@ static void serve_usage(FILE *out) {
             "usage: loraplex serve [-m MODEL] [--adapter NAME=PATH ...] [--adapter-dir DIR] [options]\n"
             "  -m, --model PATH        the base (default: the demo world's, with its task adapters)\n"
             "      --adapter NAME=PATH an adapter requests select with \"model\": \"NAME\" (repeatable)\n"
-            "      --adapter-dir DIR   every *.lpa in DIR, named by its file name\n"
+            "      --adapter-dir DIR   every *.lpa in DIR, named by its file name; and the only\n"
+            "                          place POST /v1/load_lora_adapter may load from\n"
+            "      --max-lora-rank N   highest rank a hot-loaded adapter may have (default: the\n"
+            "                          startup adapters' highest, at least 64)\n"
             "      --host ADDR         IPv4 address to listen on (default 127.0.0.1)\n"
             "      --port N            (default 8080; 0: any free port, printed)\n"
             "      --api-key KEY       require \"Authorization: Bearer KEY\" on /v1/\n"
@@ -28,7 +31,8 @@ static void serve_usage(FILE *out) {
             "  -t, --threads N         worker threads (default: all cores)\n"
             "  -q, --quiet             no line per request\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions (stream: true for SSE),\n"
-            "GET /v1/models, /health, /metrics, and the chat page at /.\n");
+            "GET /v1/models, POST /v1/load_lora_adapter, /v1/unload_lora_adapter, /tokenize,\n"
+            "/detokenize, GET /health, /metrics, and the chat page at /.\n");
 }
 
 typedef struct serve_names {
@@ -99,6 +103,9 @@ static int serve(int argc, char **argv, serve_names *names) {
             if (!add_adapter(&p, names, s, (size_t)(eq - s), eq + 1)) return 2;
         } else if (!strcmp(a, "--adapter-dir")) {
             if (!(adapter_dir = cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--max-lora-rank")) {
+            if (!cli_int(a, cli_value(argc, argv, &i), 1, 65536, &v)) return 2;
+            p.max_lora_rank = (int)v;
         } else if (!strcmp(a, "--host")) {
             if (!(p.host = cli_value(argc, argv, &i))) return 2;
         } else if (!strcmp(a, "--api-key")) {
@@ -143,6 +150,7 @@ static int serve(int argc, char **argv, serve_names *names) {
         }
     }
     if (adapter_dir && !add_dir(&p, names, adapter_dir)) return 2;
+    p.adapter_dir = adapter_dir;
     /* a client that goes away mid-stream must not kill the server */
     signal(SIGPIPE, SIG_IGN);
     lp_error err = {0};

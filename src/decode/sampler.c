@@ -1,6 +1,8 @@
-/* Token sampling: repetition penalty, then greedy, or temperature followed by
- * top-k, top-p and min-p filtering and a seeded draw. Scratch arrays are
- * allocated with the sampler, never per token. */
+/* Token sampling: repetition penalty, OpenAI's presence and frequency
+ * penalties and logit bias, then greedy, or temperature followed by top-k,
+ * top-p and min-p filtering and a seeded draw; log-probabilities on request
+ * from the penalized logits. Scratch arrays are allocated with the sampler,
+ * never per token. */
 #include <float.h>
 #include <math.h>
 #include <stdlib.h>
@@ -14,6 +16,10 @@ struct lp_sampler {
     lp_rng rng;
     float *work;     /* [n_vocab] logits after penalties / probabilities */
     int32_t *order;  /* [n_vocab] candidate ids */
+    lp_logit_bias *bias; /* [params.n_logit_bias] a copy of the caller's */
+    uint8_t *seen;   /* [n_vocab] zero between calls: presence marks */
+    float *copy;     /* [n_vocab] penalized logits kept for log-probabilities
+                        while a draw overwrites work (made on first use) */
 };
 
 lp_sampler_params lp_sampler_default_params(void) {
@@ -45,9 +51,30 @@ lp_sampler *lp_sampler_create(const lp_model *model, const lp_sampler_params *pa
         return NULL;
     }
     s->n_vocab = model->hp.n_vocab;
+    const lp_sampler_params *p = &s->params;
+    if (!isfinite(p->presence_penalty) || !isfinite(p->frequency_penalty) || p->n_logit_bias < 0 ||
+        (p->n_logit_bias > 0 && !p->logit_bias)) {
+        free(s);
+        lp_fail(err, "sampler settings out of range (finite presence / frequency penalties, a logit bias list)");
+        return NULL;
+    }
+    for (int i = 0; i < p->n_logit_bias; i++)
+        if (p->logit_bias[i].token < 0 || p->logit_bias[i].token >= s->n_vocab || !isfinite(p->logit_bias[i].bias)) {
+            int32_t t = p->logit_bias[i].token;
+            free(s);
+            lp_fail(err, "logit bias for token %d: not a token of this vocabulary (%d) or not a finite bias", (int)t,
+                    model->hp.n_vocab);
+            return NULL;
+        }
     s->work = lp_alloc((size_t)s->n_vocab * sizeof(float));
     s->order = lp_alloc((size_t)s->n_vocab * sizeof(int32_t));
-    if (!s->work || !s->order) {
+    s->seen = calloc((size_t)s->n_vocab, 1);
+    if (p->n_logit_bias > 0) {
+        s->bias = malloc((size_t)p->n_logit_bias * sizeof *s->bias);
+        if (s->bias) memcpy(s->bias, p->logit_bias, (size_t)p->n_logit_bias * sizeof *s->bias);
+    }
+    s->params.logit_bias = s->bias;
+    if (!s->work || !s->order || !s->seen || (p->n_logit_bias > 0 && !s->bias)) {
         lp_sampler_free(s);
         lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         return NULL;
@@ -60,6 +87,9 @@ void lp_sampler_free(lp_sampler *s) {
     if (!s) return;
     lp_free(s->work);
     lp_free(s->order);
+    free(s->seen);
+    free(s->bias);
+    lp_free(s->copy);
     free(s);
 }
 
@@ -143,18 +173,87 @@ static int select_top(lp_sampler *s, const float *x, int k) {
     return have;
 }
 
+/* OpenAI's rule over the generated tokens: -presence once per distinct
+ * token, -frequency per occurrence. */
+static void apply_openai_penalties(lp_sampler *s, const int32_t *gen, int n) {
+    const lp_sampler_params *p = &s->params;
+    for (int i = 0; i < n; i++) {
+        int32_t t = gen[i];
+        if (t < 0 || t >= s->n_vocab) continue;
+        s->work[t] -= p->frequency_penalty;
+        if (!s->seen[t]) s->work[t] -= p->presence_penalty;
+        s->seen[t] = 1;
+    }
+    for (int i = 0; i < n; i++)
+        if (gen[i] >= 0 && gen[i] < s->n_vocab) s->seen[gen[i]] = 0;
+}
+
+/* log-softmax of x at the chosen token and the n_top best. */
+static void logprobs(lp_sampler *s, const float *x, int32_t tok, int n_top, lp_token_logprobs *lp) {
+    float max = x[argmax(x, s->n_vocab)];
+    double sum = 0;
+    for (int i = 0; i < s->n_vocab; i++) sum += exp((double)x[i] - max);
+    double lse = max + log(sum);
+    lp->token = tok;
+    lp->logprob = (float)(x[tok] - lse);
+    if (n_top > LP_MAX_TOP_LOGPROBS) n_top = LP_MAX_TOP_LOGPROBS;
+    if (n_top > s->n_vocab) n_top = s->n_vocab;
+    lp->n_top = n_top > 0 ? select_top(s, x, n_top) : 0;
+    for (int i = 0; i < lp->n_top; i++) {
+        lp->top_token[i] = s->order[i];
+        lp->top_logprob[i] = (float)(x[s->order[i]] - lse);
+    }
+}
+
+static int32_t draw(lp_sampler *s, const float *x);
+
 int32_t lp_sampler_sample(lp_sampler *s, const float *logits, const int32_t *history,
                           int n_history) {
+    return lp_sampler_sample_ex(s, logits, history, n_history, n_history, 0, NULL);
+}
+
+int32_t lp_sampler_sample_ex(lp_sampler *s, const float *logits, const int32_t *history, int n_history,
+                             int n_generated, int n_top, lp_token_logprobs *lp) {
     const lp_sampler_params *p = &s->params;
-    /* the logits are copied only when a penalty changes them */
+    if (n_generated > n_history) n_generated = n_history;
+    bool repeat = p->repeat_penalty != 1.0f && n_history > 0;
+    bool openai = (p->presence_penalty != 0 || p->frequency_penalty != 0) && n_generated > 0;
+    /* the logits are copied only when a penalty or bias changes them */
     const float *x = logits;
-    if (p->repeat_penalty != 1.0f && n_history > 0) {
+    if (repeat || openai || p->n_logit_bias > 0) {
         memcpy(s->work, logits, (size_t)s->n_vocab * sizeof(float));
-        apply_repeat_penalty(s, history, n_history);
+        if (repeat) apply_repeat_penalty(s, history, n_history);
+        if (openai) apply_openai_penalties(s, history + n_history - n_generated, n_generated);
+        for (int i = 0; i < p->n_logit_bias; i++) s->work[s->bias[i].token] += s->bias[i].bias;
         x = s->work;
     }
-    if (p->temperature <= 0.0f) return argmax(x, s->n_vocab);
+    int32_t tok;
+    if (p->temperature <= 0.0f) {
+        tok = argmax(x, s->n_vocab);
+        if (lp) logprobs(s, x, tok, n_top, lp);
+        return tok;
+    }
+    if (!lp) return draw(s, x);
+    /* the draw overwrites work: the log-probabilities come from a copy */
+    lp_token_logprobs tops;
+    if (x == s->work) {
+        if (!s->copy) s->copy = lp_alloc((size_t)s->n_vocab * sizeof(float)); /* once */
+        if (!s->copy) {
+            lp->token = -1; /* out of memory: no log-probabilities */
+            return draw(s, x);
+        }
+        memcpy(s->copy, x, (size_t)s->n_vocab * sizeof(float));
+    }
+    tok = draw(s, x);
+    logprobs(s, x == s->work ? s->copy : x, tok, n_top, &tops);
+    *lp = tops;
+    return tok;
+}
 
+/* Temperature, top-k, top-p, min-p and the seeded draw over x (which may be
+ * s->work; it is overwritten). */
+static int32_t draw(lp_sampler *s, const float *x) {
+    const lp_sampler_params *p = &s->params;
     int n = select_top(s, x, p->top_k);
     if (x != s->work)
         for (int i = 0; i < n; i++) s->work[s->order[i]] = x[s->order[i]];

@@ -350,6 +350,9 @@ static int check_speculate(const lp_engine *e, const lp_request *q, lp_error *er
         return lp_error_set(err, LP_ERR_INVALID,
                             "speculative decoding needs the request's own sampler (a borrowed sampler's draws "
                             "would interleave with other requests'): decode it without speculation");
+    if (q->token_fn)
+        return lp_error_set(err, LP_ERR_INVALID,
+                            "log-probabilities (token_fn) are not reported under speculative decoding yet");
     int k = sp->forecast ? lp_forecast_k(sp->forecast) : 0;
     if (sp->forecast && lp_forecast_check(sp->forecast, e->model, err)) return -1;
     if (sp->depth < 0 || sp->depth > LP_SPEC_MAX_DEPTH || sp->depth > k)
@@ -378,6 +381,9 @@ int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
     if (!q) return lp_error_set(err, LP_ERR_INVALID, "no request");
     if (q->n_prefix < 0) return lp_error_set(err, LP_ERR_INVALID, "n_prefix %d is negative", q->n_prefix);
     if (q->max_tokens < 0) return lp_error_set(err, LP_ERR_INVALID, "max_tokens %d is negative", q->max_tokens);
+    if (q->top_logprobs < 0 || q->top_logprobs > LP_MAX_TOP_LOGPROBS)
+        return lp_error_set(err, LP_ERR_INVALID, "top_logprobs %d: must be 0 to %d", q->top_logprobs,
+                            LP_MAX_TOP_LOGPROBS);
     if (q->first_token >= e->n_vocab)
         return lp_error_set(err, LP_ERR_INVALID, "first_token %d is outside the vocabulary", q->first_token);
     int id = new_entry(e, err);
@@ -752,8 +758,10 @@ static int emit(lp_engine *e, request *r, int32_t tok, lp_error *err) {
 
 /* The token a request takes from logits after n_hist tokens of history of
  * which n_gen are generated. *pruned: a CTG seed below its probability. */
-static int32_t choose(const lp_engine *e, request *r, const float *logits, int n_hist, int n_gen, bool *pruned) {
+static int32_t choose(const lp_engine *e, request *r, const float *logits, int n_hist, int n_gen, bool *pruned,
+                      lp_token_logprobs *lp) {
     *pruned = false;
+    if (lp) lp->token = -1;
     if (n_gen == 0 && r->spec.first_token >= 0) return r->spec.first_token;
     if (n_gen == 0 && r->spec.first_rank > 0) {
         float prob;
@@ -761,18 +769,21 @@ static int32_t choose(const lp_engine *e, request *r, const float *logits, int n
         *pruned = prob < r->spec.first_min_prob;
         return tok;
     }
-    return lp_sampler_sample(r->sampler, logits, r->tokens, n_hist);
+    return lp_sampler_sample_ex(r->sampler, logits, r->tokens, n_hist, n_gen, r->spec.top_logprobs, lp);
 }
 
 /* The next token of a request from its last row's logits. */
 static int take(lp_engine *e, request *r, int32_t tok, lp_error *err);
 static int sample(lp_engine *e, request *r, const float *logits, lp_error *err) {
     bool pruned;
-    int32_t tok = choose(e, r, logits, r->n_tokens, r->stats.n_generated, &pruned);
+    lp_token_logprobs lp;
+    int32_t tok = choose(e, r, logits, r->n_tokens, r->stats.n_generated, &pruned, r->spec.token_fn ? &lp : NULL);
     if (pruned) {
         finish(e, r, "pruned", LP_OK);
         return 0;
     }
+    bool eog = r->spec.stop_at_eog && lp_token_is_eog(e->model, tok);
+    if (r->spec.token_fn && lp.token == tok && !eog) r->spec.token_fn(r->spec.user, (int)(r - e->req), &lp);
     return take(e, r, tok, err);
 }
 
@@ -1086,7 +1097,7 @@ static int spec_after(lp_engine *e, request *r, lp_error *err) {
     for (int c = 0; c <= r->n_cand; c++)
         if (r->fc_row[c] >= 0) r->spec_stats.n_forecast_rows += r->step_depth;
     for (;;) {
-        int32_t tok = choose(e, r, lp_logits(e->ctx, cur_row), n_hist + a, gen + a, &pruned);
+        int32_t tok = choose(e, r, lp_logits(e->ctx, cur_row), n_hist + a, gen + a, &pruned, NULL);
         toks[a] = tok;
         if (pruned || (r->spec.stop_at_eog && lp_token_is_eog(e->model, tok))) break;
         if (a + 1 >= remaining || n_hist + a + 1 > e->max_seq_len) break;

@@ -178,20 +178,48 @@ static int parse_stop(parse *p, const cJSON *root) {
     return 0;
 }
 
-/* Fields we do not implement yet are refused when they would change the
- * output, rather than silently ignored. */
-static int refuse_unsupported(parse *p, const cJSON *root) {
-    double pen = 0;
-    if (get_number(p, root, "presence_penalty", -2, 2, &pen)) return -1;
-    if (pen != 0) return bad(p, "'presence_penalty' is not supported yet (use repeat_penalty)");
-    if (get_number(p, root, "frequency_penalty", -2, 2, &pen)) return -1;
-    if (pen != 0) return bad(p, "'frequency_penalty' is not supported yet (use repeat_penalty)");
+/* OpenAI's presence / frequency penalties, logit bias and log-probabilities. */
+static int parse_openai_sampling(parse *p, const cJSON *root, lp_api_kind kind) {
+    lp_api_request *r = p->r;
+    double presence = 0, frequency = 0;
+    if (get_number(p, root, "presence_penalty", -2, 2, &presence) ||
+        get_number(p, root, "frequency_penalty", -2, 2, &frequency))
+        return -1;
+    r->sampling.presence_penalty = (float)presence;
+    r->sampling.frequency_penalty = (float)frequency;
     const cJSON *bias = cJSON_GetObjectItemCaseSensitive(root, "logit_bias");
-    if (bias && !cJSON_IsNull(bias) && !(cJSON_IsObject(bias) && !bias->child))
-        return bad(p, "'logit_bias' is not supported yet");
+    if (bias && !cJSON_IsNull(bias)) {
+        if (!cJSON_IsObject(bias)) return bad(p, "'logit_bias' must be an object of token id -> bias");
+        int n = cJSON_GetArraySize(bias);
+        if (n > LP_API_MAX_LOGIT_BIAS) return bad(p, "'logit_bias' has more than %d entries", LP_API_MAX_LOGIT_BIAS);
+        if (n > 0 && !(r->logit_bias = calloc((size_t)n, sizeof *r->logit_bias))) return bad(p, "out of memory");
+        const cJSON *e;
+        cJSON_ArrayForEach(e, bias) {
+            /* the key is a token id in decimal, nothing else */
+            const char *k = e->string;
+            char *end = NULL;
+            long id = k && *k >= '0' && *k <= '9' && strlen(k) <= 10 ? strtol(k, &end, 10) : -1;
+            if (id < 0 || id > INT32_MAX || !end || *end)
+                return bad(p, "'logit_bias' keys must be token ids (decimal integers); got \"%.20s\"", k ? k : "");
+            if (!cJSON_IsNumber(e) || !isfinite(e->valuedouble) || e->valuedouble < -100 || e->valuedouble > 100)
+                return bad(p, "'logit_bias' values must be numbers in [-100, 100]");
+            r->logit_bias[r->n_logit_bias++] = (lp_logit_bias){.token = (int32_t)id, .bias = (float)e->valuedouble};
+        }
+        r->sampling.logit_bias = r->logit_bias;
+        r->sampling.n_logit_bias = r->n_logit_bias;
+    }
     const cJSON *lp = cJSON_GetObjectItemCaseSensitive(root, "logprobs");
-    if (lp && !cJSON_IsNull(lp) && !cJSON_IsFalse(lp) && !(cJSON_IsNumber(lp) && lp->valuedouble == 0))
-        return bad(p, "'logprobs' is not supported yet");
+    if (kind == LP_API_CHAT) {
+        if (get_bool(p, root, "logprobs", &r->logprobs) ||
+            get_int(p, root, "top_logprobs", 0, LP_MAX_TOP_LOGPROBS, &r->top_logprobs))
+            return -1;
+        const cJSON *top = cJSON_GetObjectItemCaseSensitive(root, "top_logprobs");
+        if (top && !cJSON_IsNull(top) && !r->logprobs) return bad(p, "'top_logprobs' needs 'logprobs': true");
+    } else if (lp && !cJSON_IsNull(lp)) {
+        /* the legacy form: logprobs N, the N best alternatives */
+        if (get_int(p, root, "logprobs", 0, LP_MAX_TOP_LOGPROBS, &r->top_logprobs)) return -1;
+        r->logprobs = true;
+    }
     return 0;
 }
 
@@ -262,7 +290,8 @@ static int parse_fields(parse *p, const cJSON *root, lp_api_kind kind) {
     s->top_k = top_k;
     s->min_p = (float)min_p;
     s->repeat_penalty = (float)rp;
-    if (parse_stop(p, root) || refuse_unsupported(p, root) || parse_lora(p, root) || parse_choice_models(p, root))
+    if (parse_stop(p, root) || parse_openai_sampling(p, root, kind) || parse_lora(p, root) ||
+        parse_choice_models(p, root))
         return -1;
     return 0;
 }
@@ -291,8 +320,90 @@ void lp_api_request_free(lp_api_request *r) {
     cJSON_Delete(r->root);
     free(r->messages);
     free(r->prompt_tokens);
+    free(r->logit_bias);
     for (int i = 0; i < r->n_owned; i++) free(r->owned[i]);
     free(r->owned);
+    memset(r, 0, sizeof *r);
+}
+
+int lp_api_parse_tokens(const char *body, size_t len, bool detokenize, lp_api_tokens_request *out, char *msg,
+                        size_t cap) {
+    memset(out, 0, sizeof *out);
+    lp_api_request scratch = {0};
+    parse p = {.r = &scratch, .msg = msg, .cap = cap};
+    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return bad(&p, "the body is not valid JSON");
+    out->root = root;
+    int rc = -1;
+    if (!cJSON_IsObject(root)) {
+        bad(&p, "the body must be a JSON object");
+    } else if (!detokenize) {
+        out->content = "";
+        if (!get_string(&p, root, "content", &out->content) && !get_bool(&p, root, "add_special", &out->add_special))
+            rc = 0;
+    } else {
+        /* the same checks as a prompt of token ids */
+        const cJSON *t = cJSON_GetObjectItemCaseSensitive(root, "tokens");
+        if (cJSON_IsArray(t) && cJSON_GetArraySize(t) == 0) rc = 0;
+        else if (!cJSON_IsArray(t)) bad(&p, "'tokens' must be an array of token ids");
+        else {
+            cJSON *wrap = cJSON_CreateObject();
+            if (wrap && cJSON_AddItemReferenceToObject(wrap, "prompt", (cJSON *)t) && !parse_prompt(&p, wrap)) {
+                out->tokens = scratch.prompt_tokens;
+                out->n_tokens = scratch.n_prompt_tokens;
+                scratch.prompt_tokens = NULL;
+                rc = 0;
+            } else if (!wrap) bad(&p, "out of memory");
+            cJSON_Delete(wrap);
+            free(scratch.prompt_tokens);
+        }
+    }
+    if (rc) lp_api_tokens_request_free(out);
+    return rc;
+}
+
+void lp_api_tokens_request_free(lp_api_tokens_request *r) {
+    cJSON_Delete(r->root);
+    free(r->tokens);
+    memset(r, 0, sizeof *r);
+}
+
+bool lp_api_name_ok(const char *n) {
+    size_t len = strlen(n);
+    if (len == 0 || len > 127 || !strcmp(n, ".") || !strcmp(n, "..")) return false;
+    for (size_t i = 0; i < len; i++) {
+        char c = n[i];
+        if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' || c == '_' ||
+              c == '-'))
+            return false;
+    }
+    return true;
+}
+
+int lp_api_parse_lora(const char *body, size_t len, bool load, lp_api_lora_request *out, char *msg, size_t cap) {
+    memset(out, 0, sizeof *out);
+    lp_api_request scratch = {0};
+    parse p = {.r = &scratch, .msg = msg, .cap = cap};
+    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) return bad(&p, "the body is not valid JSON");
+    out->root = root;
+    int rc = -1;
+    if (!cJSON_IsObject(root)) bad(&p, "the body must be a JSON object");
+    else if (!get_string(&p, root, "lora_name", &out->name) &&
+             !(load && get_string(&p, root, "lora_path", &out->path))) {
+        if (!out->name || !lp_api_name_ok(out->name))
+            bad(&p, "'lora_name' must be 1 to 127 letters, digits, '.', '_' or '-' (not \".\" or \"..\")");
+        else if (load && (!out->path || !out->path[0])) bad(&p, "'lora_path' must be a path inside --adapter-dir");
+        else rc = 0;
+    }
+    if (rc) lp_api_lora_request_free(out);
+    return rc;
+}
+
+void lp_api_lora_request_free(lp_api_lora_request *r) {
+    cJSON_Delete(r->root);
     memset(r, 0, sizeof *r);
 }
 
@@ -393,6 +504,122 @@ static void finish(lp_sbuf *b, const char *reason) {
     else lp_sbuf_lit(b, "\"finish_reason\":null");
 }
 
+/* A token's text as a JSON string: a piece that is not whole UTF-8 (a byte
+ * of a character split over tokens) has its non-ASCII bytes as U+FFFD, as
+ * OpenAI does; `bytes` keeps the exact ones. */
+static void token_string(lp_sbuf *b, const char *piece, size_t n) {
+    if (lp_utf8_valid((const uint8_t *)piece, n)) {
+        lp_sbuf_json_string(b, piece, n);
+        return;
+    }
+    char clean[256 * 3];
+    size_t at = 0;
+    for (size_t i = 0; i < n && at + 3 <= sizeof clean; i++) {
+        unsigned char c = (unsigned char)piece[i];
+        if (c < 0x80) clean[at++] = (char)c;
+        else {
+            memcpy(clean + at, "\xef\xbf\xbd", 3);
+            at += 3;
+        }
+    }
+    lp_sbuf_json_string(b, clean, at);
+}
+
+static void logprob_value(lp_sbuf *b, float v) {
+    /* OpenAI's stand-in for an impossible token */
+    lp_sbuf_printf(b, "%.7g", isfinite(v) ? (double)v : -9999.0);
+}
+
+static size_t piece_of(const lp_api_meta *m, int32_t tok, char *buf, size_t cap) {
+    size_t n = m->piece ? m->piece(m->piece_user, tok, buf, cap) : 0;
+    return n < cap ? n : cap;
+}
+
+/* {"token": ..., "logprob": ..., "bytes": [...]} without the closing brace. */
+static void chat_token(lp_sbuf *b, const lp_api_meta *m, int32_t tok, float logprob) {
+    char piece[256];
+    size_t n = piece_of(m, tok, piece, sizeof piece);
+    lp_sbuf_lit(b, "{\"token\":");
+    token_string(b, piece, n);
+    lp_sbuf_lit(b, ",\"logprob\":");
+    logprob_value(b, logprob);
+    lp_sbuf_lit(b, ",\"bytes\":[");
+    for (size_t i = 0; i < n; i++) lp_sbuf_printf(b, "%s%u", i ? "," : "", (unsigned char)piece[i]);
+    lp_sbuf_lit(b, "]");
+}
+
+/* chat: {"content": [{token, logprob, bytes, top_logprobs: [...]}], "refusal": null} */
+static void chat_logprobs(lp_sbuf *b, const lp_api_meta *m, const lp_api_logprobs *lp) {
+    lp_sbuf_lit(b, "{\"content\":[");
+    for (int i = 0; i < lp->n; i++) {
+        const lp_token_logprobs *t = &lp->tokens[i];
+        if (i) lp_sbuf_lit(b, ",");
+        chat_token(b, m, t->token, t->logprob);
+        lp_sbuf_lit(b, ",\"top_logprobs\":[");
+        for (int k = 0; k < t->n_top; k++) {
+            if (k) lp_sbuf_lit(b, ",");
+            chat_token(b, m, t->top_token[k], t->top_logprob[k]);
+            lp_sbuf_lit(b, "}");
+        }
+        lp_sbuf_lit(b, "]}");
+    }
+    lp_sbuf_lit(b, "],\"refusal\":null}");
+}
+
+/* completions (legacy): {"tokens", "token_logprobs", "top_logprobs": [{text: logprob}], "text_offset"} */
+static void completion_logprobs(lp_sbuf *b, const lp_api_meta *m, const lp_api_logprobs *lp) {
+    char piece[256];
+    lp_sbuf_lit(b, "{\"tokens\":[");
+    for (int i = 0; i < lp->n; i++) {
+        if (i) lp_sbuf_lit(b, ",");
+        token_string(b, piece, piece_of(m, lp->tokens[i].token, piece, sizeof piece));
+    }
+    lp_sbuf_lit(b, "],\"token_logprobs\":[");
+    for (int i = 0; i < lp->n; i++) {
+        if (i) lp_sbuf_lit(b, ",");
+        logprob_value(b, lp->tokens[i].logprob);
+    }
+    lp_sbuf_lit(b, "],\"top_logprobs\":[");
+    for (int i = 0; i < lp->n; i++) {
+        const lp_token_logprobs *t = &lp->tokens[i];
+        if (i) lp_sbuf_lit(b, ",");
+        lp_sbuf_lit(b, "{");
+        int written = 0;
+        for (int k = 0; k < t->n_top; k++) {
+            /* a JSON object has one entry per text: two tokens with the
+             * same text keep the likelier (the first) */
+            size_t n = piece_of(m, t->top_token[k], piece, sizeof piece);
+            bool dup = false;
+            for (int j = 0; j < k && !dup; j++) {
+                char other[256];
+                size_t no = piece_of(m, t->top_token[j], other, sizeof other);
+                dup = no == n && !memcmp(other, piece, n);
+            }
+            if (dup) continue;
+            if (written++) lp_sbuf_lit(b, ",");
+            token_string(b, piece, n);
+            lp_sbuf_lit(b, ":");
+            logprob_value(b, t->top_logprob[k]);
+        }
+        lp_sbuf_lit(b, "}");
+    }
+    lp_sbuf_lit(b, "],\"text_offset\":[");
+    size_t offset = lp->text_offset;
+    for (int i = 0; i < lp->n; i++) {
+        lp_sbuf_printf(b, "%s%zu", i ? "," : "", offset);
+        offset += piece_of(m, lp->tokens[i].token, piece, sizeof piece);
+    }
+    lp_sbuf_lit(b, "]}");
+}
+
+static void logprobs_field(lp_sbuf *b, const lp_api_meta *m, const lp_api_logprobs *lp) {
+    lp_sbuf_lit(b, "\"logprobs\":");
+    if (!m->logprobs || !lp) lp_sbuf_lit(b, "null");
+    else if (m->kind == LP_API_CHAT) chat_logprobs(b, m, lp);
+    else completion_logprobs(b, m, lp);
+    lp_sbuf_lit(b, ",");
+}
+
 void lp_api_response(lp_sbuf *b, const lp_api_meta *m, const lp_api_choice *choices, int n) {
     bool chat = m->kind == LP_API_CHAT;
     meta_head(b, m, chat ? "chat.completion" : "text_completion");
@@ -409,7 +636,7 @@ void lp_api_response(lp_sbuf *b, const lp_api_meta *m, const lp_api_choice *choi
             lp_sbuf_json_string(b, choices[i].text, choices[i].len);
             lp_sbuf_lit(b, ",");
         }
-        lp_sbuf_lit(b, "\"logprobs\":null,");
+        logprobs_field(b, m, &choices[i].logprobs);
         finish(b, choices[i].finish_reason);
         lp_sbuf_lit(b, "}");
         generated += choices[i].n_generated;
@@ -420,7 +647,7 @@ void lp_api_response(lp_sbuf *b, const lp_api_meta *m, const lp_api_choice *choi
 }
 
 void lp_api_chunk(lp_sbuf *b, const lp_api_meta *m, int index, bool role, const char *text, size_t len,
-                  const char *finish_reason) {
+                  const char *finish_reason, const lp_api_logprobs *logprobs) {
     bool chat = m->kind == LP_API_CHAT;
     lp_sbuf_lit(b, "data: ");
     meta_head(b, m, chat ? "chat.completion.chunk" : "text_completion");
@@ -438,7 +665,7 @@ void lp_api_chunk(lp_sbuf *b, const lp_api_meta *m, int index, bool role, const 
         lp_sbuf_json_string(b, text ? text : "", text ? len : 0);
         lp_sbuf_lit(b, ",");
     }
-    lp_sbuf_lit(b, "\"logprobs\":null,");
+    logprobs_field(b, m, logprobs);
     finish(b, finish_reason);
     lp_sbuf_lit(b, "}]}\n\n");
 }

@@ -15,6 +15,7 @@
 #define LP_API_MAX_N 16
 #define LP_API_MAX_MESSAGES 256
 #define LP_API_MAX_PROMPT_TOKENS (1 << 20)
+#define LP_API_MAX_LOGIT_BIAS 1024
 
 typedef enum lp_api_kind { LP_API_CHAT, LP_API_COMPLETION } lp_api_kind;
 
@@ -41,6 +42,10 @@ typedef struct lp_api_request {
     const char *stop[LP_API_MAX_STOP];
     int n_stop;
     int lora_id;                  /* llama.cpp's lora: [{"id": i, "scale": 1}]; -1: none */
+    lp_logit_bias *logit_bias;    /* [n_logit_bias] owned; sampling.logit_bias points here */
+    int n_logit_bias;
+    bool logprobs;                /* chat: logprobs true; completions: logprobs N given */
+    int top_logprobs;             /* chat: top_logprobs; completions: logprobs N */
 
     /* ownership */
     void *root;                   /* the parsed cJSON tree the strings live in */
@@ -53,6 +58,32 @@ typedef struct lp_api_request {
 int lp_api_parse(const char *body, size_t len, lp_api_kind kind, lp_api_request *out, char *msg,
                  size_t cap);
 void lp_api_request_free(lp_api_request *r);
+
+/* llama.cpp's POST /tokenize {"content", "add_special"} and /detokenize
+ * {"tokens": [...]}: one of the two (content NULL for detokenize). */
+typedef struct lp_api_tokens_request {
+    const char *content;
+    bool add_special;
+    int32_t *tokens;              /* [n_tokens] owned */
+    int n_tokens;
+    void *root;
+} lp_api_tokens_request;
+
+int lp_api_parse_tokens(const char *body, size_t len, bool detokenize, lp_api_tokens_request *out, char *msg,
+                        size_t cap);
+void lp_api_tokens_request_free(lp_api_tokens_request *r);
+
+/* vLLM's POST /v1/load_lora_adapter {"lora_name", "lora_path"} and
+ * /v1/unload_lora_adapter {"lora_name"} (path NULL). A name is 1..127 of
+ * [A-Za-z0-9._-], not "." or ".."; a path is a non-empty string. */
+typedef struct lp_api_lora_request {
+    const char *name, *path;
+    void *root;
+} lp_api_lora_request;
+
+bool lp_api_name_ok(const char *name);
+int lp_api_parse_lora(const char *body, size_t len, bool load, lp_api_lora_request *out, char *msg, size_t cap);
+void lp_api_lora_request_free(lp_api_lora_request *r);
 
 /* A growing string (for response bodies and stream chunks). */
 typedef struct lp_sbuf {
@@ -72,12 +103,23 @@ void lp_sbuf_free(lp_sbuf *b);
 /* {"error": {"message": ..., "type": ..., "param": null, "code": null}} */
 void lp_api_error_body(lp_sbuf *b, const char *message, const char *type);
 
+/* The text of a token (the model's tokenizer): bytes written, at most cap. */
+typedef size_t (*lp_api_piece_fn)(const void *user, int32_t token, char *buf, size_t cap);
+
+/* Log-probabilities of a run of generated tokens, for a response or chunk. */
+typedef struct lp_api_logprobs {
+    const lp_token_logprobs *tokens;
+    int n;
+    size_t text_offset;           /* completions: the first token's offset in the text */
+} lp_api_logprobs;
+
 /* One finished choice of a response. */
 typedef struct lp_api_choice {
     const char *text;
     size_t len;
     const char *finish_reason;    /* "stop", "length", or NULL while streaming */
     int n_generated;
+    lp_api_logprobs logprobs;     /* with meta.logprobs */
 } lp_api_choice;
 
 typedef struct lp_api_meta {
@@ -86,6 +128,9 @@ typedef struct lp_api_meta {
     const char *model;
     int64_t created;              /* unix seconds */
     int prompt_tokens;
+    bool logprobs;                /* responses carry log-probabilities ... */
+    lp_api_piece_fn piece;        /* ... with token texts from this */
+    const void *piece_user;
 } lp_api_meta;
 
 /* The whole (non-streamed) response. */
@@ -93,7 +138,7 @@ void lp_api_response(lp_sbuf *b, const lp_api_meta *m, const lp_api_choice *choi
 /* One server-sent event "data: {...}\n\n" for choice `index`: the role
  * (chat, first chunk), a piece of text, or the end with its reason. */
 void lp_api_chunk(lp_sbuf *b, const lp_api_meta *m, int index, bool role, const char *text, size_t len,
-                  const char *finish_reason);
+                  const char *finish_reason, const lp_api_logprobs *logprobs);
 /* The usage chunk (stream_options.include_usage) and "data: [DONE]\n\n". */
 void lp_api_usage_chunk(lp_sbuf *b, const lp_api_meta *m, int completion_tokens);
 void lp_api_done(lp_sbuf *b);

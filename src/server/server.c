@@ -10,10 +10,12 @@
 #include "server.h"
 
 #include <arpa/inet.h>
+#include <limits.h>
 #include <microhttpd.h>
 #include <netinet/in.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -23,6 +25,8 @@
 #include "../base/base.h"
 #include "page.h"
 
+#define LP_BATCH_BUCKETS 10 /* batch rows histogram: le 1, 2, 4, ..., 256, +Inf */
+
 /* ---- jobs ------------------------------------------------------------------------------ */
 
 typedef struct job job;
@@ -31,12 +35,16 @@ typedef struct choice {
     job *job;
     int request;               /* engine request id (-1: not submitted) */
     const lp_adapter *adapter;
-    int adapter_index;         /* into the server's adapters; -1: the base */
+    struct srv_adapter *sa;    /* its adapter, a reference held (NULL: the base) */
     lp_sbuf text;              /* all text so far */
     size_t sent;               /* bytes of text streamed */
     bool done, role_sent, end_sent;
     const char *finish;        /* OpenAI finish_reason once done */
     int n_generated;
+    lp_token_logprobs *lps;    /* [n_lps] generated tokens' log-probabilities (logprobs) */
+    int n_lps, cap_lps;
+    int lps_sent;              /* of them streamed ... */
+    size_t lps_offset;         /* ... and their text's length */
 } choice;
 
 struct job {
@@ -51,6 +59,9 @@ struct job {
     int n;
     choice ch[LP_API_MAX_N];
     bool stream, include_usage, seed_set;
+    bool logprobs;
+    int top_logprobs;
+    lp_logit_bias *logit_bias; /* [sampling.n_logit_bias], sampling.logit_bias points here */
     char id[32], model[128];
     lp_api_meta meta;
     double t_start;
@@ -66,10 +77,18 @@ struct job {
     job *next_active;          /* scheduler's list (scheduler thread only) */
 };
 
+/* An adapter the server serves. References: the table's while it is listed
+ * (until /v1/unload_lora_adapter) and one per choice that uses it, so an
+ * unloaded adapter lives until its last request ends; then it goes to the
+ * retired list and the scheduler thread unbinds it from the context and
+ * frees it (the context's slots are the scheduler's). */
 typedef struct srv_adapter {
     char name[128];
     lp_adapter *adapter;
-    uint64_t requests;         /* under mu */
+    /* under mu */
+    int refs;
+    uint64_t requests, tokens;
+    struct srv_adapter *next_retired;
 } srv_adapter;
 
 typedef struct server {
@@ -78,8 +97,13 @@ typedef struct server {
     lp_context *ctx;
     lp_engine *engine;
     char base_name[128];
-    srv_adapter adapters[LP_SERVER_MAX_ADAPTERS];
-    int n_adapters;
+    srv_adapter *adapters[LP_SERVER_MAX_ADAPTERS]; /* under mu; NULL: a free entry
+                                  (an entry's index is llama.cpp's lora id) */
+    int n_adapters;            /* listed, under mu */
+    srv_adapter *retired;      /* under mu: unreferenced, for the scheduler to free */
+    char adapter_dir[PATH_MAX]; /* --adapter-dir resolved ("": hot loading off) */
+    int max_rank;              /* the context's max_adapter_rank */
+    uint64_t loads, unloads;   /* under mu */
     int n_ctx, n_vocab;
     bool has_template;         /* the model has a chat template */
 
@@ -93,16 +117,41 @@ typedef struct server {
     /* metrics, under mu */
     uint64_t requests_total, responses_4xx, responses_5xx, tokens_prompt, tokens_generated;
     int64_t steps, rows;
-    int kv_used, kv_total;
+    int kv_used, kv_total, kv_block_tokens;
     int last_batch_rows;
+    uint64_t batch_hist[LP_BATCH_BUCKETS]; /* steps with at most 2^i rows (the last: any) */
 
     pthread_t scheduler;
     struct MHD_Daemon *daemon;
 } server;
 
+static void adapter_unref_locked(server *s, srv_adapter *a) {
+    if (--a->refs > 0) return;
+    a->next_retired = s->retired;
+    s->retired = a;
+    pthread_cond_signal(&s->work);
+}
+
+/* Frees retired adapters (scheduler thread, or after it stopped): no engine
+ * request uses them any more; slots still bound to one are unbound. */
+static void free_retired(server *s, srv_adapter *list) {
+    for (srv_adapter *a = list, *next; a; a = next) {
+        next = a->next_retired;
+        for (int slot = 1; s->ctx && slot <= lp_context_n_slots(s->ctx); slot++)
+            if (lp_context_slot_adapter(s->ctx, slot) == a->adapter) lp_context_bind_adapter(s->ctx, slot, NULL, NULL);
+        lp_adapter_free(a->adapter);
+        free(a);
+    }
+}
+
 static void job_unref_locked(job *j) {
     if (--j->refs > 0) return;
-    for (int i = 0; i < j->n; i++) lp_sbuf_free(&j->ch[i].text);
+    for (int i = 0; i < j->n; i++) {
+        lp_sbuf_free(&j->ch[i].text);
+        free(j->ch[i].lps);
+        if (j->ch[i].sa) adapter_unref_locked(j->srv, j->ch[i].sa);
+    }
+    free(j->logit_bias);
     for (int i = 0; i < j->n_stop; i++) free(j->stop[i]);
     lp_sbuf_free(&j->out);
     pthread_cond_destroy(&j->cond);
@@ -132,12 +181,31 @@ static bool on_text(void *user, int request, const char *text, size_t len) {
     return keep;
 }
 
+/* Engine callback: a generated token's log-probabilities (scheduler thread). */
+static void on_token(void *user, int request, const lp_token_logprobs *lp) {
+    (void)request;
+    choice *c = user;
+    server *s = c->job->srv;
+    pthread_mutex_lock(&s->mu);
+    if (c->n_lps == c->cap_lps) {
+        int cap = c->cap_lps ? 2 * c->cap_lps : 32;
+        lp_token_logprobs *grown = realloc(c->lps, (size_t)cap * sizeof *grown);
+        if (grown) {
+            c->lps = grown;
+            c->cap_lps = cap;
+        }
+    }
+    if (c->n_lps < c->cap_lps) c->lps[c->n_lps++] = *lp; /* out of memory: the list ends short */
+    pthread_mutex_unlock(&s->mu);
+}
+
 static void choice_end_locked(choice *c, const char *finish, int n_generated) {
     c->done = true;
     c->finish = finish;
     c->n_generated = n_generated;
     c->job->n_done++;
     c->job->srv->tokens_generated += (uint64_t)n_generated;
+    if (c->sa) c->sa->tokens += (uint64_t)n_generated;
     pthread_cond_broadcast(&c->job->cond);
 }
 
@@ -155,6 +223,10 @@ static void submit_job(server *s, job *j) {
         rq.n_stop = j->n_stop;
         rq.fn = on_text;
         rq.user = c;
+        if (j->logprobs) {
+            rq.token_fn = on_token;
+            rq.top_logprobs = j->top_logprobs;
+        }
         lp_error err = {0};
         c->request = lp_engine_submit(s->engine, &rq, &err);
         if (c->request < 0) {
@@ -185,7 +257,9 @@ static void *scheduler_main(void *arg) {
     job *active = NULL;
     for (;;) {
         pthread_mutex_lock(&s->mu);
-        while (!s->stopping && !s->queue_head && !active) pthread_cond_wait(&s->work, &s->mu);
+        while (!s->stopping && !s->queue_head && !active && !s->retired) pthread_cond_wait(&s->work, &s->mu);
+        srv_adapter *retired = s->retired;
+        s->retired = NULL;
         job *pending = s->queue_head;
         s->queue_head = s->queue_tail = NULL;
         s->queued = 0;
@@ -195,7 +269,9 @@ static void *scheduler_main(void *arg) {
         }
         bool stop_now = s->stopping && !pending && !active;
         pthread_mutex_unlock(&s->mu);
+        free_retired(s, retired);
         if (stop_now) break;
+        if (!pending && !active) continue;
 
         for (job *j = pending, *next; j; j = next) {
             next = j->next;
@@ -221,9 +297,15 @@ static void *scheduler_main(void *arg) {
         pthread_mutex_lock(&s->mu);
         s->steps = steps;
         s->rows = rows;
-        if (steps > steps_before) s->last_batch_rows = (int)(rows - rows_before);
+        if (steps > steps_before) {
+            s->last_batch_rows = (int)(rows - rows_before);
+            int k = 0;
+            while (k < LP_BATCH_BUCKETS - 1 && s->last_batch_rows > 1 << k) k++;
+            s->batch_hist[k]++;
+        }
         s->kv_used = kv_used;
         s->kv_total = kv_total;
+        s->kv_block_tokens = bt;
         pthread_mutex_unlock(&s->mu);
 
         job **link = &active;
@@ -301,13 +383,16 @@ static enum MHD_Result route_models(server *s, conn *cn, struct MHD_Connection *
     lp_sbuf_lit(&b, "{\"object\":\"list\",\"data\":[{\"id\":");
     lp_sbuf_json_string(&b, s->base_name, strlen(s->base_name));
     lp_sbuf_lit(&b, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"loraplex\"}");
-    for (int i = 0; i < s->n_adapters; i++) {
+    pthread_mutex_lock(&s->mu);
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++) {
+        if (!s->adapters[i]) continue;
         lp_sbuf_lit(&b, ",{\"id\":");
-        lp_sbuf_json_string(&b, s->adapters[i].name, strlen(s->adapters[i].name));
+        lp_sbuf_json_string(&b, s->adapters[i]->name, strlen(s->adapters[i]->name));
         lp_sbuf_lit(&b, ",\"object\":\"model\",\"created\":0,\"owned_by\":\"loraplex\",\"parent\":");
         lp_sbuf_json_string(&b, s->base_name, strlen(s->base_name));
         lp_sbuf_lit(&b, "}");
     }
+    pthread_mutex_unlock(&s->mu);
     lp_sbuf_lit(&b, "]}");
     enum MHD_Result rc = send_json(cn, c, &b);
     lp_sbuf_free(&b);
@@ -330,25 +415,56 @@ static enum MHD_Result route_metrics(server *s, conn *cn, struct MHD_Connection 
                    "# TYPE loraplex_batch_rows gauge\nloraplex_batch_rows %d\n"
                    "# TYPE loraplex_kv_blocks_used gauge\nloraplex_kv_blocks_used %d\n"
                    "# TYPE loraplex_kv_blocks_total gauge\nloraplex_kv_blocks_total %d\n"
+                   "# TYPE loraplex_kv_block_tokens gauge\nloraplex_kv_block_tokens %d\n"
                    "# TYPE loraplex_adapter_requests_total counter\n",
                    (unsigned long long)s->requests_total, (unsigned long long)s->responses_4xx,
                    (unsigned long long)s->responses_5xx, (unsigned long long)s->tokens_prompt,
                    (unsigned long long)s->tokens_generated, s->queued, s->in_flight - s->queued, (long long)s->steps,
-                   (long long)s->rows, s->last_batch_rows, s->kv_used, s->kv_total);
-    for (int i = 0; i < s->n_adapters; i++)
-        lp_sbuf_printf(&b, "loraplex_adapter_requests_total{adapter=\"%s\"} %llu\n", s->adapters[i].name,
-                       (unsigned long long)s->adapters[i].requests);
+                   (long long)s->rows, s->last_batch_rows, s->kv_used, s->kv_total, s->kv_block_tokens);
+    /* names are [A-Za-z0-9._-] (checked at load): no label escaping needed */
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
+        if (s->adapters[i])
+            lp_sbuf_printf(&b, "loraplex_adapter_requests_total{adapter=\"%s\"} %llu\n", s->adapters[i]->name,
+                           (unsigned long long)s->adapters[i]->requests);
+    lp_sbuf_lit(&b, "# TYPE loraplex_adapter_generated_tokens_total counter\n");
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
+        if (s->adapters[i])
+            lp_sbuf_printf(&b, "loraplex_adapter_generated_tokens_total{adapter=\"%s\"} %llu\n", s->adapters[i]->name,
+                           (unsigned long long)s->adapters[i]->tokens);
+    /* choices running or queued with it: its references besides the table's */
+    lp_sbuf_lit(&b, "# TYPE loraplex_adapter_active_requests gauge\n");
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
+        if (s->adapters[i])
+            lp_sbuf_printf(&b, "loraplex_adapter_active_requests{adapter=\"%s\"} %d\n", s->adapters[i]->name,
+                           s->adapters[i]->refs - 1);
+    /* rows per engine step: the batch size */
+    lp_sbuf_lit(&b, "# TYPE loraplex_batch_rows_per_step histogram\n");
+    uint64_t cumulative = 0;
+    for (int k = 0; k < LP_BATCH_BUCKETS; k++) {
+        cumulative += s->batch_hist[k];
+        if (k < LP_BATCH_BUCKETS - 1)
+            lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_bucket{le=\"%d\"} %llu\n", 1 << k,
+                           (unsigned long long)cumulative);
+        else lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_bucket{le=\"+Inf\"} %llu\n", (unsigned long long)cumulative);
+    }
+    lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_sum %llu\nloraplex_batch_rows_per_step_count %llu\n",
+                   (unsigned long long)s->rows, (unsigned long long)cumulative);
+    lp_sbuf_printf(&b,
+                   "# TYPE loraplex_adapters_loaded gauge\nloraplex_adapters_loaded %d\n"
+                   "# TYPE loraplex_adapter_loads_total counter\nloraplex_adapter_loads_total %llu\n"
+                   "# TYPE loraplex_adapter_unloads_total counter\nloraplex_adapter_unloads_total %llu\n",
+                   s->n_adapters, (unsigned long long)s->loads, (unsigned long long)s->unloads);
     pthread_mutex_unlock(&s->mu);
     enum MHD_Result rc = b.failed ? MHD_NO : send_body(cn, c, 200, "text/plain; version=0.0.4", b.data, b.len);
     lp_sbuf_free(&b);
     return rc;
 }
 
-/* The adapter a model name selects: -1 the base, -2 unknown. */
+/* The adapter a model name selects (mu held): -1 the base, -2 unknown. */
 static int adapter_by_name(const server *s, const char *name) {
     if (!name || !name[0] || !strcmp(name, s->base_name)) return -1;
-    for (int i = 0; i < s->n_adapters; i++)
-        if (!strcmp(s->adapters[i].name, name)) return i;
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
+        if (s->adapters[i] && !strcmp(s->adapters[i]->name, name)) return i;
     return -2;
 }
 
@@ -441,23 +557,49 @@ static job *make_job(server *s, const lp_api_request *r, unsigned *status, char 
     j->stream = r->stream;
     j->include_usage = r->include_usage;
     j->sampling = r->sampling;
+    j->logprobs = r->logprobs;
+    j->top_logprobs = r->top_logprobs;
     pthread_cond_init(&j->cond, NULL);
     j->refs = 1;
-    int base_pick = adapter_by_name(s, r->model);
-    if (r->lora_id >= 0) base_pick = r->lora_id < s->n_adapters ? r->lora_id : -2;
     *status = 400;
+    j->sampling.logit_bias = NULL;
+    j->sampling.n_logit_bias = 0;
+    if (r->n_logit_bias > 0) {
+        j->logit_bias = malloc((size_t)r->n_logit_bias * sizeof *j->logit_bias);
+        if (!j->logit_bias) {
+            snprintf(msg, cap, "out of memory");
+            goto fail;
+        }
+        for (int i = 0; i < r->n_logit_bias; i++)
+            if (r->logit_bias[i].token >= s->n_vocab) {
+                snprintf(msg, cap, "logit_bias: token %d is outside the vocabulary (%d tokens)",
+                         (int)r->logit_bias[i].token, s->n_vocab);
+                goto fail;
+            }
+        memcpy(j->logit_bias, r->logit_bias, (size_t)r->n_logit_bias * sizeof *j->logit_bias);
+        j->sampling.logit_bias = j->logit_bias;
+        j->sampling.n_logit_bias = r->n_logit_bias;
+    }
+    /* each choice takes a reference on its adapter: an unload while the
+     * request runs frees it only after */
+    pthread_mutex_lock(&s->mu);
+    int base_pick = adapter_by_name(s, r->model);
+    if (r->lora_id >= 0) base_pick = r->lora_id < LP_SERVER_MAX_ADAPTERS && s->adapters[r->lora_id] ? r->lora_id : -2;
     for (int i = 0; i < j->n; i++) {
         int pick = r->choice_models[i] ? adapter_by_name(s, r->choice_models[i]) : base_pick;
         if (pick == -2) {
+            pthread_mutex_unlock(&s->mu);
             *status = 404;
             snprintf(msg, cap, "the model '%.100s' does not exist (GET /v1/models lists the base and its adapters)",
-                     r->choice_models[i] ? r->choice_models[i] : r->model);
+                     r->choice_models[i] ? r->choice_models[i] : r->lora_id >= 0 ? "lora id" : r->model);
             goto fail;
         }
-        j->ch[i] = (choice){.job = j, .request = -1, .adapter_index = pick,
-                            .adapter = pick >= 0 ? s->adapters[pick].adapter : NULL};
+        srv_adapter *sa = pick >= 0 ? s->adapters[pick] : NULL;
+        if (sa) sa->refs++;
+        j->ch[i] = (choice){.job = j, .request = -1, .sa = sa, .adapter = sa ? sa->adapter : NULL};
     }
-    snprintf(j->model, sizeof j->model, "%s", base_pick >= 0 ? s->adapters[base_pick].name : s->base_name);
+    snprintf(j->model, sizeof j->model, "%s", base_pick >= 0 ? s->adapters[base_pick]->name : s->base_name);
+    pthread_mutex_unlock(&s->mu);
     for (int i = 0; i < r->n_stop; i++) {
         j->stop[i] = strdup(r->stop[i]);
         if (!j->stop[i]) goto fail;
@@ -475,6 +617,10 @@ fail:
     return NULL;
 }
 
+static size_t token_piece(const void *model, int32_t token, char *buf, size_t cap) {
+    return lp_token_to_piece(model, token, buf, cap);
+}
+
 /* Queues a job for the scheduler; false when the queue is full or the
  * server is stopping. */
 static bool enqueue(server *s, job *j) {
@@ -484,7 +630,8 @@ static bool enqueue(server *s, job *j) {
         snprintf(j->id, sizeof j->id, "%s-%lld", j->kind == LP_API_CHAT ? "chatcmpl" : "cmpl",
                  (long long)++s->next_id);
         j->meta = (lp_api_meta){.kind = j->kind, .id = j->id, .model = j->model, .created = (int64_t)time(NULL),
-                                .prompt_tokens = j->n_prompt};
+                                .prompt_tokens = j->n_prompt, .logprobs = j->logprobs, .piece = token_piece,
+                                .piece_user = s->model};
         if (!j->seed_set) j->sampling.seed = (uint64_t)time(NULL) * 2654435761u + (uint64_t)s->next_id * 7919u;
         j->refs++; /* the scheduler's */
         if (s->queue_tail) s->queue_tail->next = j;
@@ -495,11 +642,23 @@ static bool enqueue(server *s, job *j) {
         s->requests_total++;
         s->tokens_prompt += (uint64_t)j->n_prompt;
         for (int i = 0; i < j->n; i++)
-            if (j->ch[i].adapter_index >= 0) s->adapters[j->ch[i].adapter_index].requests++;
+            if (j->ch[i].sa) j->ch[i].sa->requests++;
         pthread_cond_signal(&s->work);
     }
     pthread_mutex_unlock(&s->mu);
     return ok;
+}
+
+/* The log-probabilities of a choice's tokens not yet streamed (mu held). */
+static lp_api_logprobs take_logprobs_locked(choice *c) {
+    lp_api_logprobs lp = {.tokens = c->lps + c->lps_sent, .n = c->n_lps - c->lps_sent, .text_offset = c->lps_offset};
+    for (int k = c->lps_sent; k < c->n_lps; k++) {
+        char piece[256];
+        size_t n = lp_token_to_piece(c->job->srv->model, c->lps[k].token, piece, sizeof piece);
+        c->lps_offset += n < sizeof piece ? n : sizeof piece;
+    }
+    c->lps_sent = c->n_lps;
+    return lp;
 }
 
 /* Stream chunks for whatever is new (called with mu held). */
@@ -508,16 +667,19 @@ static void fill_stream_locked(job *j) {
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
         if (j->kind == LP_API_CHAT && !c->role_sent) {
-            lp_api_chunk(&j->out, &j->meta, i, true, NULL, 0, NULL);
+            lp_api_chunk(&j->out, &j->meta, i, true, NULL, 0, NULL, NULL);
             c->role_sent = true;
         }
         size_t upto = c->done ? c->text.len : c->sent + lp_api_utf8_whole(c->text.data + c->sent, c->text.len - c->sent);
         if (upto > c->sent) {
-            lp_api_chunk(&j->out, &j->meta, i, false, c->text.data + c->sent, upto - c->sent, NULL);
+            lp_api_logprobs lp = take_logprobs_locked(c);
+            lp_api_chunk(&j->out, &j->meta, i, false, c->text.data + c->sent, upto - c->sent, NULL, &lp);
             c->sent = upto;
         }
         if (c->done && !c->end_sent) {
-            lp_api_chunk(&j->out, &j->meta, i, false, NULL, 0, c->finish);
+            /* tokens whose text a stop string held back come with the end */
+            lp_api_logprobs lp = take_logprobs_locked(c);
+            lp_api_chunk(&j->out, &j->meta, i, false, NULL, 0, c->finish, lp.n ? &lp : NULL);
             c->end_sent = true;
         }
         all_ended &= c->end_sent;
@@ -575,7 +737,8 @@ static enum MHD_Result respond_when_done(server *s, conn *cn, struct MHD_Connect
     while (j->n_done < j->n) pthread_cond_wait(&j->cond, &s->mu);
     for (int i = 0; i < j->n; i++)
         out[i] = (lp_api_choice){.text = j->ch[i].text.data ? j->ch[i].text.data : "", .len = j->ch[i].text.len,
-                                 .finish_reason = j->ch[i].finish, .n_generated = j->ch[i].n_generated};
+                                 .finish_reason = j->ch[i].finish, .n_generated = j->ch[i].n_generated,
+                                 .logprobs = {.tokens = j->ch[i].lps, .n = j->ch[i].n_lps}};
     lp_sbuf b = {0};
     lp_api_response(&b, &j->meta, out, j->n);
     pthread_mutex_unlock(&s->mu);
@@ -612,18 +775,180 @@ static enum MHD_Result route_completion(server *s, struct MHD_Connection *c, lp_
     return rc;
 }
 
+/* llama.cpp's /tokenize and /detokenize (tests and tools find token ids
+ * with them: logit_bias takes ids). */
+static enum MHD_Result route_tokens(server *s, conn *cn, struct MHD_Connection *c, bool detokenize) {
+    char msg[512];
+    lp_api_tokens_request t;
+    if (lp_api_parse_tokens(cn->body.data ? cn->body.data : "", cn->body.len, detokenize, &t, msg, sizeof msg))
+        return send_error(s, cn, c, 400, "invalid_request_error", msg);
+    lp_sbuf b = {0};
+    lp_error err = {0};
+    if (!detokenize) {
+        size_t len = strlen(t.content);
+        int cap = (int)(len + 8 < (size_t)1 << 24 ? len + 8 : (size_t)1 << 24);
+        int32_t *ids = malloc((size_t)cap * sizeof *ids);
+        int n = ids ? lp_tokenize(s->model, t.content, len, t.add_special && lp_model_add_bos(s->model), false, ids,
+                                  cap, &err)
+                    : -1;
+        if (n < 0) {
+            free(ids);
+            lp_api_tokens_request_free(&t);
+            snprintf(msg, sizeof msg, "cannot tokenize: %.300s", ids ? err.message : "out of memory");
+            return send_error(s, cn, c, 400, "invalid_request_error", msg);
+        }
+        lp_sbuf_lit(&b, "{\"tokens\":[");
+        for (int i = 0; i < n; i++) lp_sbuf_printf(&b, "%s%d", i ? "," : "", (int)ids[i]);
+        lp_sbuf_lit(&b, "]}");
+        free(ids);
+    } else {
+        lp_sbuf text = {0};
+        for (int i = 0; i < t.n_tokens; i++) {
+            if (t.tokens[i] >= s->n_vocab) {
+                snprintf(msg, sizeof msg, "tokens[%d] = %d is outside the vocabulary (%d tokens)", i, (int)t.tokens[i],
+                         s->n_vocab);
+                lp_sbuf_free(&text);
+                lp_api_tokens_request_free(&t);
+                return send_error(s, cn, c, 400, "invalid_request_error", msg);
+            }
+            char piece[256];
+            size_t n = lp_token_to_piece(s->model, t.tokens[i], piece, sizeof piece);
+            lp_sbuf_add(&text, piece, n < sizeof piece ? n : sizeof piece);
+        }
+        /* pieces may end inside a character: the content is lossy there */
+        bool whole = lp_utf8_valid((const uint8_t *)(text.data ? text.data : ""), text.len);
+        lp_sbuf_lit(&b, "{\"content\":");
+        lp_sbuf_json_string(&b, whole && text.data ? text.data : "", whole ? text.len : 0);
+        lp_sbuf_lit(&b, "}");
+        lp_sbuf_free(&text);
+    }
+    lp_api_tokens_request_free(&t);
+    enum MHD_Result rc = send_json(cn, c, &b);
+    lp_sbuf_free(&b);
+    return rc;
+}
+
+/* The real path of a lora_path inside --adapter-dir (relative paths are
+ * taken from there), symlinks resolved; anything that resolves outside, or
+ * names "..", is refused. */
+static bool adapter_path(const server *s, const char *path, char *out, char *msg, size_t cap) {
+    char joined[2 * PATH_MAX];
+    for (const char *p = path; *p; p++)
+        if (p[0] == '.' && p[1] == '.' && (p == path || p[-1] == '/') && (p[2] == 0 || p[2] == '/')) {
+            snprintf(msg, cap, "lora_path: '..' is not allowed");
+            return false;
+        }
+    snprintf(joined, sizeof joined, "%s%s%s", path[0] == '/' ? "" : s->adapter_dir, path[0] == '/' ? "" : "/", path);
+    if (strlen(joined) >= PATH_MAX || !realpath(joined, out)) {
+        snprintf(msg, cap, "lora_path: no such file under --adapter-dir");
+        return false;
+    }
+    size_t n = strlen(s->adapter_dir);
+    if (strncmp(out, s->adapter_dir, n) != 0 || out[n] != '/') {
+        snprintf(msg, cap, "lora_path: resolves outside --adapter-dir (symlinks are followed); refused");
+        return false;
+    }
+    return true;
+}
+
+/* Unlisted now, freed when its last request ends; the HTTP status. */
+static unsigned unload_adapter(server *s, const char *name, char *msg, size_t cap) {
+    pthread_mutex_lock(&s->mu);
+    int i = adapter_by_name(s, name);
+    if (i >= 0) {
+        srv_adapter *a = s->adapters[i];
+        s->adapters[i] = NULL;
+        s->n_adapters--;
+        s->unloads++;
+        adapter_unref_locked(s, a);
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (i >= 0) return 200;
+    snprintf(msg, cap, "no adapter '%.127s' is loaded", name);
+    return 404;
+}
+
+/* Listed under a free entry (the first: its lora id); the HTTP status. */
+static unsigned list_adapter(server *s, const char *name, lp_adapter *ad, char *msg, size_t cap) {
+    srv_adapter *a = calloc(1, sizeof *a);
+    if (!a) {
+        snprintf(msg, cap, "out of memory");
+        return 500;
+    }
+    snprintf(a->name, sizeof a->name, "%s", name);
+    a->adapter = ad;
+    a->refs = 1;
+    unsigned status = 200;
+    pthread_mutex_lock(&s->mu);
+    int at = 0;
+    while (at < LP_SERVER_MAX_ADAPTERS && s->adapters[at]) at++;
+    if (adapter_by_name(s, name) != -2) {
+        snprintf(msg, cap, "'%.127s' is already loaded (or is the base's name)", name);
+        status = 400;
+    } else if (at == LP_SERVER_MAX_ADAPTERS) {
+        snprintf(msg, cap, "the server holds %d adapters already: unload one first", LP_SERVER_MAX_ADAPTERS);
+        status = 400;
+    } else {
+        s->adapters[at] = a;
+        s->n_adapters++;
+        s->loads++;
+    }
+    pthread_mutex_unlock(&s->mu);
+    if (status != 200) free(a);
+    return status;
+}
+
+static unsigned load_adapter(server *s, const char *name, const char *path, char *msg, size_t cap) {
+    char real[PATH_MAX];
+    if (!adapter_path(s, path, real, msg, cap)) return 400;
+    lp_error err = {0};
+    /* loading reads the file and the (immutable) model only: no lock */
+    lp_adapter *ad = lp_adapter_load(s->model, real, 1.0f, &err);
+    if (!ad) {
+        snprintf(msg, cap, "%.500s", err.message);
+        return 400;
+    }
+    unsigned status = 400;
+    if (lp_adapter_max_rank(ad) > s->max_rank)
+        snprintf(msg, cap, "the adapter's rank %d is above this server's --max-lora-rank %d", lp_adapter_max_rank(ad),
+                 s->max_rank);
+    else status = list_adapter(s, name, ad, msg, cap);
+    if (status != 200) lp_adapter_free(ad);
+    return status;
+}
+
+/* vLLM's POST /v1/load_lora_adapter and /v1/unload_lora_adapter. */
+static enum MHD_Result route_lora(server *s, conn *cn, struct MHD_Connection *c, bool load) {
+    char msg[512];
+    if (!s->adapter_dir[0])
+        return send_error(s, cn, c, 400, "invalid_request_error",
+                          "hot loading is off: start the server with --adapter-dir DIR");
+    lp_api_lora_request q;
+    if (lp_api_parse_lora(cn->body.data ? cn->body.data : "", cn->body.len, load, &q, msg, sizeof msg))
+        return send_error(s, cn, c, 400, "invalid_request_error", msg);
+    unsigned status = load ? load_adapter(s, q.name, q.path, msg, sizeof msg) : unload_adapter(s, q.name, msg, sizeof msg);
+    lp_api_lora_request_free(&q);
+    if (status != 200)
+        return send_error(s, cn, c, status, status == 404 ? "not_found_error" : "invalid_request_error", msg);
+    return send_body(cn, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
+}
+
 static enum MHD_Result dispatch(server *s, struct MHD_Connection *c, const char *url, const char *method, conn *cn) {
     bool get = !strcmp(method, "GET"), post = !strcmp(method, "POST");
     if (get && (!strcmp(url, "/") || !strcmp(url, "/index.html")))
         return send_body(cn, c, 200, "text/html; charset=utf-8", (const char *)lp_server_page, lp_server_page_len);
     if (get && !strcmp(url, "/health")) return send_body(cn, c, 200, "application/json", "{\"status\":\"ok\"}", 15);
     if (get && !strcmp(url, "/metrics")) return route_metrics(s, cn, c);
-    bool api = !strncmp(url, "/v1/", 4);
+    bool api = !strncmp(url, "/v1/", 4) || !strcmp(url, "/tokenize") || !strcmp(url, "/detokenize");
     if (api && !authorized(s, c)) return send_error(s, cn, c, 401, "authentication_error", "invalid or missing API key");
     if (cn->too_big) return send_error(s, cn, c, 413, "invalid_request_error", "the request body is too large");
     if (get && !strcmp(url, "/v1/models")) return route_models(s, cn, c);
     if (post && !strcmp(url, "/v1/chat/completions")) return route_completion(s, c, LP_API_CHAT, cn);
     if (post && !strcmp(url, "/v1/completions")) return route_completion(s, c, LP_API_COMPLETION, cn);
+    if (post && !strcmp(url, "/v1/load_lora_adapter")) return route_lora(s, cn, c, true);
+    if (post && !strcmp(url, "/v1/unload_lora_adapter")) return route_lora(s, cn, c, false);
+    if (post && !strcmp(url, "/tokenize")) return route_tokens(s, cn, c, false);
+    if (post && !strcmp(url, "/detokenize")) return route_tokens(s, cn, c, true);
     bool known = !strcmp(url, "/v1/models") || !strcmp(url, "/v1/chat/completions") || !strcmp(url, "/v1/completions");
     if (known) return send_error(s, cn, c, 405, "invalid_request_error", "method not allowed");
     return send_error(s, cn, c, 404, "not_found_error", "no such route");
@@ -697,11 +1022,19 @@ static int load(server *s, lp_error *err) {
     lp_model_get_info(s->model, &mi);
     s->n_vocab = mi.n_vocab;
     s->has_template = strcmp(mi.chat_format, "none") != 0;
+    if (s->p.adapter_dir && !realpath(s->p.adapter_dir, s->adapter_dir))
+        return lp_error_set(err, LP_ERR_IO, "--adapter-dir %s: cannot resolve it", s->p.adapter_dir);
     for (int i = 0; i < s->p.n_adapters; i++) {
-        srv_adapter *a = &s->adapters[i];
-        snprintf(a->name, sizeof a->name, "%s", s->p.adapter_names[i]);
-        if (!strcmp(a->name, s->base_name) || adapter_by_name(s, a->name) != -2)
-            return lp_error_set(err, LP_ERR_INVALID, "adapter name '%s' is used twice (or is the base's)", a->name);
+        const char *name = s->p.adapter_names[i];
+        if (!lp_api_name_ok(name))
+            return lp_error_set(err, LP_ERR_INVALID, "adapter name '%s': use 1 to 127 of [A-Za-z0-9._-]", name);
+        if (!strcmp(name, s->base_name) || adapter_by_name(s, name) != -2)
+            return lp_error_set(err, LP_ERR_INVALID, "adapter name '%s' is used twice (or is the base's)", name);
+        srv_adapter *a = calloc(1, sizeof *a);
+        if (!a) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+        snprintf(a->name, sizeof a->name, "%s", name);
+        a->refs = 1; /* the table's */
+        s->adapters[i] = a;
         a->adapter = lp_adapter_load(s->model, s->p.adapter_paths[i], 1.0f, err);
         if (!a->adapter) return -1;
         s->n_adapters++;
@@ -711,23 +1044,45 @@ static int load(server *s, lp_error *err) {
     cp.max_sequences = 2 * s->p.parallel; /* half run, half keep cached prefixes */
     cp.max_logit_rows = s->p.parallel * 2 > 64 ? s->p.parallel * 2 : 64;
     cp.n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : 4096 * ((s->p.parallel + 3) / 4);
-    cp.max_adapters = s->n_adapters > 0 ? s->n_adapters : 1;
+    /* hot loading: room for adapters that are not here yet */
+    int slots = s->adapter_dir[0] ? 16 : 1;
+    cp.max_adapters = s->n_adapters > slots ? s->n_adapters : slots;
+    int rank = s->adapter_dir[0] ? 64 : 1;
     for (int i = 0; i < s->n_adapters; i++)
-        if (lp_adapter_max_rank(s->adapters[i].adapter) > cp.max_adapter_rank)
-            cp.max_adapter_rank = lp_adapter_max_rank(s->adapters[i].adapter);
+        if (lp_adapter_max_rank(s->adapters[i]->adapter) > rank) rank = lp_adapter_max_rank(s->adapters[i]->adapter);
+    cp.max_adapter_rank = s->p.max_lora_rank > rank ? s->p.max_lora_rank : rank;
     s->ctx = lp_context_create(s->model, &cp, err);
     if (!s->ctx) return -1;
     lp_context_get_params(s->ctx, &cp);
     s->n_ctx = cp.max_seq_len;
+    s->max_rank = cp.max_adapter_rank;
     s->engine = lp_engine_create(s->ctx, NULL, err);
     return s->engine ? 0 : -1;
 }
 
 static void unload(server *s) {
     lp_engine_free(s->engine);
+    /* every request has ended: only the table's references are left */
+    for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++)
+        if (s->adapters[i]) adapter_unref_locked(s, s->adapters[i]);
+    free_retired(s, s->retired);
     lp_context_free(s->ctx);
-    for (int i = 0; i < s->n_adapters; i++) lp_adapter_free(s->adapters[i].adapter);
     lp_model_free(s->model);
+}
+
+/* libmicrohttpd's messages: a client that leaves mid-stream makes it say
+ * that it could not send the rest of a chunked body or its footers, which is
+ * expected (the request is cancelled and logged as ended early); everything
+ * else goes to stderr. */
+static void http_log(void *cls, const char *fmt, va_list ap) {
+    (void)cls;
+    char line[512];
+    vsnprintf(line, sizeof line, fmt, ap);
+    if (!strncmp(line, "Failed to send the chunked response body", 40) || !strncmp(line, "Failed to send the footers", 26))
+        return;
+    size_t n = strlen(line);
+    while (n > 0 && line[n - 1] == '\n') line[--n] = 0;
+    fprintf(stderr, "loraplex serve: http: %s\n", line);
 }
 
 static struct MHD_Daemon *start_http(server *s, lp_error *err) {
@@ -739,7 +1094,7 @@ static struct MHD_Daemon *start_http(server *s, lp_error *err) {
     unsigned flags = MHD_USE_INTERNAL_POLLING_THREAD | MHD_USE_THREAD_PER_CONNECTION | MHD_USE_ERROR_LOG;
     struct MHD_Daemon *d = MHD_start_daemon(
         flags, (uint16_t)s->p.port, NULL, NULL, on_request, s, MHD_OPTION_SOCK_ADDR, (struct sockaddr *)&addr,
-        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_queue + s->p.parallel + 32),
+        MHD_OPTION_NOTIFY_COMPLETED, on_completed, s, MHD_OPTION_EXTERNAL_LOGGER, http_log, (void *)NULL, MHD_OPTION_CONNECTION_LIMIT, (unsigned)(s->p.max_queue + s->p.parallel + 32),
         MHD_OPTION_CONNECTION_TIMEOUT, (unsigned)s->p.timeout_s, MHD_OPTION_END);
     if (!d) lp_error_set(err, LP_ERR_IO, "cannot listen on %s:%d (in use?)", s->p.host, s->p.port);
     return d;
@@ -766,11 +1121,12 @@ int lp_server_run(const lp_server_params *params, lp_error *err) {
         goto out;
     }
     scheduler_started = true;
+    int n_adapters = s->n_adapters; /* before connection threads may load more */
     s->daemon = start_http(s, err);
     if (!s->daemon) goto out;
     const union MHD_DaemonInfo *info = MHD_get_daemon_info(s->daemon, MHD_DAEMON_INFO_BIND_PORT);
-    fprintf(stderr, "loraplex serve: %s with %d adapter%s, listening on http://%s:%u/\n", s->base_name,
-            s->n_adapters, s->n_adapters == 1 ? "" : "s", s->p.host, info ? info->port : (unsigned)s->p.port);
+    fprintf(stderr, "loraplex serve: %s with %d adapter%s, listening on http://%s:%u/\n", s->base_name, n_adapters,
+            n_adapters == 1 ? "" : "s", s->p.host, info ? info->port : (unsigned)s->p.port);
     int sig = 0;
     sigwait(&sigs, &sig);
     fprintf(stderr, "loraplex serve: signal %d, stopping\n", sig);

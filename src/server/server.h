@@ -30,6 +30,10 @@ typedef struct lp_server_params {
     size_t max_body;                  /* request body limit in bytes (8 MiB) */
     int timeout_s;                    /* idle connection timeout (600) */
     bool quiet;                       /* no per-request log lines */
+    const char *adapter_dir;          /* POST /v1/load_lora_adapter loads only from
+                                         here (NULL: hot loading is off) */
+    int max_lora_rank;                /* highest rank a hot-loaded adapter may have
+                                         (0: the startup adapters', at least 64) */
 } lp_server_params;
 
 lp_server_params lp_server_default_params(void);

@@ -74,6 +74,73 @@ async function main() {
   const s2 = await client.completions.create({ model: "reply", prompt: prompts.reply, max_tokens: N, temperature: 0.9, seed: 11, n: 2 });
   check(s1.choices[0].text === s2.choices[0].text && s1.choices[1].text === s2.choices[1].text, "seeded sampling repeats");
 
+  // log-probabilities: chat (content[]) and completions (the legacy layout),
+  // streamed and not, all the same numbers; tops sorted with the greedy
+  // token first; the token texts join to the text
+  {
+    const p = prompts.correct, ref = run("correct", p);
+    const close = (a, b) => Math.abs(a - b) < 1e-3;
+    const chat = await client.chat.completions.create({ model: "correct", messages: [{ role: "user", content: p }],
+      max_tokens: N, temperature: 0, logprobs: true, top_logprobs: 3 });
+    const content = chat.choices[0].logprobs?.content ?? [];
+    check(chat.choices[0].message.content === ref && content.map((t) => t.token).join("") === ref &&
+          content.length === chat.usage.completion_tokens, "chat logprobs: one entry a token, joining to the text");
+    check(content.every((t) => t.top_logprobs.length === 3 && t.top_logprobs[0].token === t.token &&
+          t.top_logprobs[0].logprob === t.logprob && t.logprob <= 0 &&
+          t.top_logprobs.every((x, i) => i === 0 || x.logprob <= t.top_logprobs[i - 1].logprob) &&
+          Buffer.from(t.bytes).toString("utf8") === t.token), "chat logprobs: tops sorted, greedy first, bytes");
+    const st = await client.chat.completions.create({ model: "correct", messages: [{ role: "user", content: p }],
+      max_tokens: N, temperature: 0, logprobs: true, top_logprobs: 3, stream: true });
+    const streamed = [];
+    for await (const ch of st) streamed.push(...(ch.choices[0]?.logprobs?.content ?? []));
+    check(JSON.stringify(streamed) === JSON.stringify(content), "streamed chat logprobs == non-streamed");
+    const comp = await client.completions.create({ model: "correct", prompt: p, max_tokens: N, temperature: 0, logprobs: 3 });
+    const lp = comp.choices[0].logprobs;
+    check(lp.tokens.join("") === ref && lp.tokens.every((t, i) => t === content[i].token &&
+          lp.token_logprobs[i] === content[i].logprob && lp.text_offset[i] === lp.tokens.slice(0, i).join("").length &&
+          Object.keys(lp.top_logprobs[i]).length >= 1 && lp.top_logprobs[i][t] === content[i].logprob),
+          "completion logprobs (legacy layout) == chat's");
+    const cst = await client.completions.create({ model: "correct", prompt: p, max_tokens: N, temperature: 0, logprobs: 3, stream: true });
+    const ctoks = [];
+    for await (const ch of cst) ctoks.push(...(ch.choices[0]?.logprobs?.tokens ?? []));
+    check(ctoks.join("") === ref, "streamed completion logprobs");
+
+    // the same numbers from a prompt that already holds the first k tokens
+    // (token ids through /tokenize): the distribution of token k is the
+    // same computation from the same KV
+    const post = async (path, body) => (await fetch(`http://127.0.0.1:${port}${path}`, { method: "POST",
+      headers: { Authorization: `Bearer ${apiKey}` }, body: JSON.stringify(body) })).json();
+    const ids = (await post("/tokenize", { content: p, add_special: true })).tokens;
+    const gen = (await post("/tokenize", { content: ref })).tokens;
+    const pieces = await Promise.all(gen.map(async (t) => (await post("/detokenize", { tokens: [t] })).content));
+    check(pieces.join("") === ref && gen.length === content.length && pieces.every((x, i) => x === content[i].token),
+          `retokenized output: ${pieces.length} pieces vs ${content.length} tokens`);
+    for (const k of [1, 5]) {
+      const c = await client.completions.create({ model: "correct", prompt: [...ids, ...gen.slice(0, k)], max_tokens: 1,
+        temperature: 0, logprobs: 3 });
+      const got = c.choices[0].logprobs;
+      check(got.tokens[0] === content[k].token && close(got.token_logprobs[0], content[k].logprob) &&
+            content[k].top_logprobs.every((x) => close(got.top_logprobs[0][x.token], x.logprob)),
+            `logprobs at ${k} from a longer prompt: ${got.token_logprobs[0]} vs ${content[k].logprob}`);
+    }
+
+    // logit_bias -100 on the greedy first token: the runner-up comes first
+    const biased = await client.completions.create({ model: "correct", prompt: p, max_tokens: 1, temperature: 0,
+      logprobs: 3, logit_bias: { [gen[0]]: -100 } });
+    check(biased.choices[0].logprobs.tokens[0] === content[0].top_logprobs[1].token &&
+          !(content[0].token in biased.choices[0].logprobs.top_logprobs[0]), "logit_bias -100 on the greedy token");
+    // penalties: deterministic for a seed, and they change the text
+    const pen = { model: "correct", prompt: p, max_tokens: N, temperature: 0.7, seed: 5 };
+    const a1 = await client.completions.create({ ...pen, frequency_penalty: 2, presence_penalty: 2 });
+    const a2 = await client.completions.create({ ...pen, frequency_penalty: 2, presence_penalty: 2 });
+    const a0 = await client.completions.create(pen);
+    check(a1.choices[0].text === a2.choices[0].text, "penalized sampling repeats for a seed");
+    const g0 = await client.completions.create({ model: "correct", prompt: p, max_tokens: N, temperature: 0, logprobs: 1, frequency_penalty: 2 });
+    // greedy under a frequency penalty: no token repeats while others are close; the first token is the same
+    check(g0.choices[0].logprobs.tokens[0] === content[0].token && close(g0.choices[0].logprobs.token_logprobs[0], content[0].logprob) &&
+          (g0.choices[0].text !== ref || a1.choices[0].text !== a0.choices[0].text), "penalties change the output");
+  }
+
   // errors as the client's classes
   const status = async (p) => { try { await p; return 200; } catch (e) { return e.status; } };
   check(await status(client.completions.create({ model: "nope", prompt: "x" })) === 404, "unknown model: 404");
