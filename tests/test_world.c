@@ -126,6 +126,54 @@ static lp_world_params small_params(void) {
     return p;
 }
 
+/* Version 1 stays as it was (old figures can be rerun): a small corpus for
+ * seed 1 hashes (FNV-1a 64 per file) as the generator before version 2
+ * wrote it. tests/cli_world.sh pins the full default corpus by SHA-256. */
+static uint64_t file_fnv(const char *path) {
+    size_t n = 0;
+    char *d = read_all(path, &n);
+    uint64_t h = 1469598103934665603ull;
+    for (size_t i = 0; d && i < n; i++) h = (h ^ (unsigned char)d[i]) * 1099511628211ull;
+    free(d);
+    return d ? h : 0;
+}
+
+static void test_v1_pinned(const char *dir) {
+    static const struct { const char *file; uint64_t fnv; } pins[] = {
+        {"README.md", 0x28ff861f994fd043ull},
+        {"pretrain.txt", 0xec4d421082be4a21ull},
+        {"vocab.gguf", 0x274fc08ea6fe8b47ull},
+        {"tasks/correct.v1.train.jsonl", 0xd2796d2abb65a402ull},
+        {"tasks/correct.train.jsonl", 0x9615a6c1f498a591ull},
+        {"tasks/correct.eval.jsonl", 0x2f3de430fda155eaull},
+        {"tasks/style-formal.train.jsonl", 0xa6bfb0d964fd3df9ull},
+        {"tasks/style-formal.eval.jsonl", 0xc18c53530fae4cbfull},
+        {"tasks/style-polite.train.jsonl", 0xc4b7b088a4174ec3ull},
+        {"tasks/style-polite.eval.jsonl", 0xd679d687393ecc81ull},
+        {"tasks/style-jovial.train.jsonl", 0x0e016c3162254016ull},
+        {"tasks/style-jovial.eval.jsonl", 0xfc89e017359302b3ull},
+        {"tasks/style-terse.train.jsonl", 0xff698989453a330eull},
+        {"tasks/style-terse.eval.jsonl", 0xe0b1b95aad1ba7f1ull},
+        {"tasks/summary.train.jsonl", 0x09329b2462077ca3ull},
+        {"tasks/summary.eval.jsonl", 0xaf85c2fa2e48f7caull},
+        {"tasks/reply.train.jsonl", 0x7775cfcafcf352ffull},
+        {"tasks/reply.eval.jsonl", 0x6fea8cf9e78179daull},
+        {"tasks/translate.train.jsonl", 0x1492386b44553a97ull},
+        {"tasks/translate.eval.jsonl", 0xd55b721aa2e10d62ull},
+    };
+    lp_world_params p = small_params();
+    p.seed = 1;
+    lp_error err;
+    CHECK_MSG(lp_world_generate(dir, &p, NULL, &err) == 0, "%s", err.message);
+    char path[1024];
+    for (size_t i = 0; i < sizeof pins / sizeof pins[0]; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, pins[i].file);
+        uint64_t h = file_fnv(path);
+        CHECK_MSG(h == pins[i].fnv, "v1 %s: fnv %016llx, pinned %016llx", pins[i].file,
+                  (unsigned long long)h, (unsigned long long)pins[i].fnv);
+    }
+}
+
 static void test_determinism(const char *dir_a, const char *dir_b) {
     lp_world_params p = small_params();
     lp_error err;
@@ -521,6 +569,9 @@ int main(void) {
     char a[512], b[512];
     snprintf(a, sizeof a, "%s/test_world_a", LP_BINARY_DIR);
     snprintf(b, sizeof b, "%s/test_world_b", LP_BINARY_DIR);
+    char v1dir[512];
+    snprintf(v1dir, sizeof v1dir, "%s/test_world_v1", LP_BINARY_DIR);
+    test_v1_pinned(v1dir);
     test_chrf();
     test_pretokenizer();
     test_translation_round_trip();
