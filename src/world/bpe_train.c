@@ -220,18 +220,37 @@ int lp_bpe_train(lp_bpe *b, int vocab_size, lp_error *err) {
     b->rank_dim = vocab_size;
     for (size_t i = 0; i < dim * dim; i++) b->rank_of[i] = -1;
 
+    /* the pairs counted this round, so that clearing and finding the best
+     * pair cost the corpus's size, not the table's (vocab_size^2) */
+    size_t n_syms = 0;
+    for (size_t w = 0; w < b->n_words; w++) n_syms += (size_t)b->words[w].n_syms;
+    size_t *touched = malloc((n_syms + 1) * sizeof *touched);
+    if (!touched) {
+        free(counts);
+        return lp_fail(err, "bpe: out of memory (pair list)");
+    }
     while (b->n_vocab < vocab_size) {
-        memset(counts, 0, dim * dim * sizeof *counts);
+        size_t n_touched = 0;
         for (size_t w = 0; w < b->n_words; w++) {
             const bpe_word *wd = &b->words[w];
-            for (int i = 0; i + 1 < wd->n_syms; i++)
-                counts[(size_t)wd->syms[i] * dim + (size_t)wd->syms[i + 1]] += wd->count;
+            for (int i = 0; i + 1 < wd->n_syms; i++) {
+                size_t p = (size_t)wd->syms[i] * dim + (size_t)wd->syms[i + 1];
+                if (counts[p] == 0) touched[n_touched++] = p;
+                counts[p] += wd->count;
+            }
         }
         /* most frequent pair; ties go to the smallest (left, right) */
         size_t best = 0;
-        for (size_t p = 1; p < dim * dim; p++)
-            if (counts[p] > counts[best]) best = p;
-        if (counts[best] < 2) break; /* nothing left worth merging */
+        uint64_t best_count = 0;
+        for (size_t k = 0; k < n_touched; k++) {
+            size_t p = touched[k];
+            if (counts[p] > best_count || (counts[p] == best_count && p < best)) {
+                best = p;
+                best_count = counts[p];
+            }
+        }
+        for (size_t k = 0; k < n_touched; k++) counts[touched[k]] = 0;
+        if (best_count < 2) break; /* nothing left worth merging */
         int32_t left = (int32_t)(best / dim), right = (int32_t)(best % dim);
         int32_t result = b->n_vocab++;
         b->merge_left[result] = left;
@@ -242,6 +261,7 @@ int lp_bpe_train(lp_bpe *b, int vocab_size, lp_error *err) {
             wd->n_syms = merge_in(wd->syms, wd->n_syms, left, right, result);
         }
     }
+    free(touched);
     free(counts);
     return 0;
 }
