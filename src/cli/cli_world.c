@@ -355,8 +355,9 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
         lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
-        const char *task = lp_world_task_name(t);
+    /* version 2's tasks: version 1's and style-curious, compose */
+    for (int t = 0; t < LP_W2_N_TASKS; t++) {
+        const char *task = lp_world2_task_name(t);
         if (o->only_tasks) {
             const char *hit = strstr(o->only_tasks, task);
             size_t tl = strlen(task);
@@ -422,7 +423,7 @@ done:
  * the base, languages alphabetically with "all" last. */
 static int group_cmp(const void *pa, const void *pb) {
     const eval_group *a = pa, *b = pb;
-    int ta = lp_world_task_from_name(a->task), tb = lp_world_task_from_name(b->task);
+    int ta = lp_world2_task_from_name(a->task), tb = lp_world2_task_from_name(b->task);
     if (ta != tb) return ta < tb ? -1 : 1;
     int ba = !strcmp(a->adapter, "base"), bb = !strcmp(b->adapter, "base");
     if (ba != bb) return ba - bb;
