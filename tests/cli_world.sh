@@ -25,6 +25,20 @@ if "$bin" world --help | grep -q -- --version; then
     bad "--version 1 differs from the pinned sums"
 fi
 
+# version 2 from the command line: the files, its README, a bad version refused
+(cd "$work" && "$bin" world --version 2 --out w2 --stories 50 --per-task 20 --eval 5 \
+   --correct-factor 2 --vocab 600 2>"$work/w2.err") && ok || { bad "--version 2"; cat "$work/w2.err" >&2; }
+for f in README.md pretrain.txt vocab.gguf tasks/compose.train.jsonl tasks/compose.eval.jsonl \
+         tasks/style-curious.eval.jsonl tasks/translate.train.jsonl; do
+  [ -s "$work/w2/$f" ] && ok || bad "version 2 lacks $f"
+done
+[ ! -e "$work/w2/tasks/correct.v1.train.jsonl" ] && ok || bad "version 2 wrote version 1's file"
+grep -q "version 2" "$work/w2/README.md" && grep -q "Hanmal" "$work/w2/README.md" && ok ||
+  bad "version 2 README"
+[ "$(wc -l < "$work/w2/tasks/correct.train.jsonl")" -eq 40 ] && ok || bad "correct factor"
+grep -q "tokens *pretrain" "$work/w2.err" && ok || bad "no token counts"
+"$bin" world --version 3 --out "$work/w3" 2>/dev/null && bad "--version 3 accepted" || ok
+
 echo "cli_world: $pass passed, $fail failed"
 rm -rf "$work"
 [ $fail -eq 0 ]
