@@ -165,7 +165,7 @@ static void duplicate_word(lp_rng *rng, char *text, size_t cap) {
 void lp_world2_make_correct(const lp_world2 *w, lp_rng *rng, const lp_meaning *m, int lang,
                             lp_world_record *r) {
     lp_world2_render(w, m, lang, NULL, r->completion, sizeof r->completion);
-    char bad[sizeof r->prompt];
+    char bad[sizeof r->prompt - 8]; /* room for "fix: " and the newline */
     snprintf(bad, sizeof bad, "%s", r->completion);
     if (world_rand(rng, 10) != 0) {
         int n_errors = 1 + world_rand(rng, 2);
