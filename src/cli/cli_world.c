@@ -9,6 +9,7 @@
 
 #include "../base/base.h"
 #include "../world/world.h"
+#include "../world/world2.h"
 #include "cli.h"
 
 /* ---- loraplex world ------------------------------------------------------- */
@@ -19,6 +20,10 @@ static void world_usage(FILE *out) {
             "Writes DIR/pretrain.txt, DIR/tasks/<task>.{train,eval}.jsonl, DIR/vocab.gguf\n"
             "and DIR/README.md, deterministically from the seed.\n"
             "options:\n"
+            "  --version V     1: three languages in Latin letters (the default, the\n"
+            "                  committed demo's world); 2: nine languages in six scripts,\n"
+            "                  ten tasks (src/world/world2.h). The defaults below are\n"
+            "                  version 1's; version 2's: --stories 90000 --vocab 4096\n"
             "  --seed S        random seed (default 1)\n"
             "  --stories N     pretraining documents (default 40000)\n"
             "  --per-task N    train records per task (default 3000)\n"
@@ -36,6 +41,14 @@ int cli_world(int argc, char **argv) {
     for (int i = 1; i < argc && o < sizeof command; i++)
         o += (size_t)snprintf(command + o, sizeof command - o, " %s", argv[i]);
     p.command = command;
+    /* --version first: it picks the defaults the other options override */
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--version")) {
+            long n;
+            if (!cli_int("--version", argv[i + 1], 1, 2, &n)) return 2;
+            if (n == 2) p = lp_world2_default_params();
+            p.command = command;
+        }
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         long n;
@@ -46,6 +59,8 @@ int cli_world(int argc, char **argv) {
         if (!(v = cli_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "--out") || !strcmp(a, "-o")) {
             out = v;
+        } else if (!strcmp(a, "--version")) {
+            /* read above */
         } else if (!strcmp(a, "--seed")) {
             if (!cli_int(a, v, 0, (1L << 62), &n)) return 2;
             p.seed = (uint64_t)n;
@@ -81,14 +96,17 @@ int cli_world(int argc, char **argv) {
     lp_world_stats st;
     if (lp_world_generate(out, &p, &st, &err) != 0) return cli_fail("world", &err);
     fprintf(stderr,
-            "world: %s (seed %llu)\n"
+            "world: %s (version %d, seed %llu)\n"
             "  pretrain.txt  %zu lines, %.2f MB\n"
             "  tasks/        %d tasks, %zu train + %zu eval records\n"
             "  vocab.gguf    %d tokens\n"
             "  time          %.2f s text, %.2f s BPE\n",
-            out, (unsigned long long)p.seed, st.pretrain_lines, st.pretrain_bytes / 1e6,
-            LP_WORLD_N_TASKS, st.task_train_records, st.task_eval_records, st.vocab_size,
+            out, p.version, (unsigned long long)p.seed, st.pretrain_lines, st.pretrain_bytes / 1e6,
+            p.version == 2 ? LP_W2_N_TASKS : LP_WORLD_N_TASKS, st.task_train_records, st.task_eval_records, st.vocab_size,
             st.seconds_text, st.seconds_bpe);
+    if (p.version == 2)
+        fprintf(stderr, "  tokens        pretrain %zu, task train %zu, task eval %zu\n",
+                st.pretrain_tokens, st.task_train_tokens, st.task_eval_tokens);
     return 0;
 }
 
@@ -337,8 +355,9 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
         lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
-        const char *task = lp_world_task_name(t);
+    /* version 2's tasks: version 1's and style-curious, compose */
+    for (int t = 0; t < LP_W2_N_TASKS; t++) {
+        const char *task = lp_world2_task_name(t);
         if (o->only_tasks) {
             const char *hit = strstr(o->only_tasks, task);
             size_t tl = strlen(task);
@@ -404,7 +423,7 @@ done:
  * the base, languages alphabetically with "all" last. */
 static int group_cmp(const void *pa, const void *pb) {
     const eval_group *a = pa, *b = pb;
-    int ta = lp_world_task_from_name(a->task), tb = lp_world_task_from_name(b->task);
+    int ta = lp_world2_task_from_name(a->task), tb = lp_world2_task_from_name(b->task);
     if (ta != tb) return ta < tb ? -1 : 1;
     int ba = !strcmp(a->adapter, "base"), bb = !strcmp(b->adapter, "base");
     if (ba != bb) return ba - bb;

@@ -37,15 +37,64 @@ struct lp_bpe {
     int rank_dim;
 };
 
-/* ---- GPT-2 pre-tokenizer (ASCII classes; bytes >= 0x80 count as letters) -- */
+/* ---- GPT-2 pre-tokenizer ---------------------------------------------------
+ * Character classes as the runtime's PCRE2 pattern (\\p{L}, \\p{N}, \\s with
+ * PCRE2_UCP) sees them, for ASCII and for the non-ASCII characters of the
+ * demo world's scripts: Latin-1 and Latin Extended-A, combining marks,
+ * Greek, Cyrillic, Armenian, Devanagari (its vowel signs and marks are
+ * \\p{M}, not letters; the danda is punctuation), Hangul. Other non-ASCII
+ * code points count as letters. */
 
 static bool is_space(unsigned char c) { return c == ' ' || (c >= '\t' && c <= '\r'); }
-static bool is_letter(unsigned char c) {
-    return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || c >= 0x80;
+
+enum { CLS_SPACE, CLS_LETTER, CLS_DIGIT, CLS_OTHER };
+
+static int cp_class_of(uint32_t c) {
+    if (c < 0x80) {
+        if (is_space((unsigned char)c)) return CLS_SPACE;
+        if ((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z')) return CLS_LETTER;
+        return c >= '0' && c <= '9' ? CLS_DIGIT : CLS_OTHER;
+    }
+    if (c < 0xC0) {
+        if (c == 0xAA || c == 0xB5 || c == 0xBA) return CLS_LETTER;
+        if (c == 0xB2 || c == 0xB3 || c == 0xB9 || (c >= 0xBC && c <= 0xBE)) return CLS_DIGIT;
+        return c == 0x85 || c == 0xA0 ? CLS_SPACE : CLS_OTHER;
+    }
+    if (c == 0xD7 || c == 0xF7) return CLS_OTHER;
+    if ((c >= 0x0300 && c <= 0x036F) || (c >= 0x0483 && c <= 0x0489)) return CLS_OTHER;
+    if (c == 0x037E || c == 0x0387 || (c >= 0x055A && c <= 0x055F) || c == 0x0589 || c == 0x058A)
+        return CLS_OTHER;
+    if (c >= 0x0900 && c <= 0x097F) {
+        if (c <= 0x0903 || (c >= 0x093A && c <= 0x093C) || (c >= 0x093E && c <= 0x094F) ||
+            (c >= 0x0951 && c <= 0x0957) || c == 0x0962 || c == 0x0963 || c == 0x0964 ||
+            c == 0x0965 || c == 0x0970)
+            return CLS_OTHER;
+        return c >= 0x0966 && c <= 0x096F ? CLS_DIGIT : CLS_LETTER;
+    }
+    if (c >= 0x2000 && c <= 0x200A) return CLS_SPACE;
+    if (c >= 0x200B && c <= 0x206F) return c == 0x2028 || c == 0x2029 || c == 0x202F || c == 0x205F
+                                               ? CLS_SPACE : CLS_OTHER;
+    if (c == 0x3000) return CLS_SPACE;
+    return CLS_LETTER;
 }
-static bool is_digit(unsigned char c) { return c >= '0' && c <= '9'; }
-static int char_class(unsigned char c) {
-    return is_space(c) ? 0 : is_letter(c) ? 1 : is_digit(c) ? 2 : 3;
+
+/* The class of the character at u (n bytes left); *len gets its byte
+ * length. A byte that starts no valid sequence counts as one letter. */
+static int char_class_at(const unsigned char *u, size_t n, size_t *len) {
+    uint32_t c = u[0];
+    size_t k = 1;
+    if (c >= 0xC2 && c <= 0xDF && n >= 2 && (u[1] & 0xC0) == 0x80) {
+        c = ((c & 0x1F) << 6) | (u[1] & 0x3F);
+        k = 2;
+    } else if (c >= 0xE0 && c <= 0xEF && n >= 3 && (u[1] & 0xC0) == 0x80 && (u[2] & 0xC0) == 0x80) {
+        c = ((c & 0x0F) << 12) | ((uint32_t)(u[1] & 0x3F) << 6) | (u[2] & 0x3F);
+        k = 3;
+        if (c < 0x800 || (c >= 0xD800 && c <= 0xDFFF)) { c = 0x10FFFF; k = 1; }
+    } else if (c >= 0x80) {
+        c = 0x10FFFF; /* outside the table: a letter */
+    }
+    *len = k;
+    return cp_class_of(c);
 }
 
 /* Length of a contraction ('s 't 're 've 'm 'll 'd) at t, or 0. */
@@ -62,19 +111,22 @@ static size_t contraction(const char *t, size_t n) {
  *   contractions | ?\p{L}+ | ?\p{N}+ | ?[^\s\p{L}\p{N}]+ | \s+(?!\S) | \s+ */
 static size_t next_chunk(const char *t, size_t n) {
     const unsigned char *u = (const unsigned char *)t;
-    size_t k = contraction(t, n);
+    size_t k = contraction(t, n), len;
     if (k) return k;
-    size_t start = u[0] == ' ' && n > 1 && !is_space(u[1]) ? 1 : 0;
-    if (start < n && !is_space(u[start])) {
-        int cls = char_class(u[start]);
-        size_t e = start + 1; /* a run of one class (letters, digits or other) */
-        while (e < n && char_class(u[e]) == cls) e++;
+    size_t start = u[0] == ' ' && n > 1 && char_class_at(u + 1, n - 1, &len) != CLS_SPACE ? 1 : 0;
+    int cls = start < n ? char_class_at(u + start, n - start, &len) : CLS_SPACE;
+    if (cls != CLS_SPACE) {
+        size_t e = start + len; /* a run of one class (letters, digits or other) */
+        while (e < n && char_class_at(u + e, n - e, &len) == cls) e += len;
         return e;
     }
     size_t e = 0;
-    while (e < n && is_space(u[e])) e++;
+    while (e < n && char_class_at(u + e, n - e, &len) == CLS_SPACE) e += len;
     if (e == n || e == 1) return e;  /* to the end, or a single space */
-    return e - 1;                    /* leave the last space to the next word */
+    /* leave the last space to the next word */
+    size_t last = e - 1;
+    while (last > 0 && (u[last] & 0xC0) == 0x80) last--;
+    return last > 0 ? last : e; /* one (multi-byte) space: \\s+ takes it */
 }
 
 void lp_bpe_pretokenize(const char *text, size_t len,
@@ -220,18 +272,37 @@ int lp_bpe_train(lp_bpe *b, int vocab_size, lp_error *err) {
     b->rank_dim = vocab_size;
     for (size_t i = 0; i < dim * dim; i++) b->rank_of[i] = -1;
 
+    /* the pairs counted this round, so that clearing and finding the best
+     * pair cost the corpus's size, not the table's (vocab_size^2) */
+    size_t n_syms = 0;
+    for (size_t w = 0; w < b->n_words; w++) n_syms += (size_t)b->words[w].n_syms;
+    size_t *touched = malloc((n_syms + 1) * sizeof *touched);
+    if (!touched) {
+        free(counts);
+        return lp_fail(err, "bpe: out of memory (pair list)");
+    }
     while (b->n_vocab < vocab_size) {
-        memset(counts, 0, dim * dim * sizeof *counts);
+        size_t n_touched = 0;
         for (size_t w = 0; w < b->n_words; w++) {
             const bpe_word *wd = &b->words[w];
-            for (int i = 0; i + 1 < wd->n_syms; i++)
-                counts[(size_t)wd->syms[i] * dim + (size_t)wd->syms[i + 1]] += wd->count;
+            for (int i = 0; i + 1 < wd->n_syms; i++) {
+                size_t p = (size_t)wd->syms[i] * dim + (size_t)wd->syms[i + 1];
+                if (counts[p] == 0) touched[n_touched++] = p;
+                counts[p] += wd->count;
+            }
         }
         /* most frequent pair; ties go to the smallest (left, right) */
         size_t best = 0;
-        for (size_t p = 1; p < dim * dim; p++)
-            if (counts[p] > counts[best]) best = p;
-        if (counts[best] < 2) break; /* nothing left worth merging */
+        uint64_t best_count = 0;
+        for (size_t k = 0; k < n_touched; k++) {
+            size_t p = touched[k];
+            if (counts[p] > best_count || (counts[p] == best_count && p < best)) {
+                best = p;
+                best_count = counts[p];
+            }
+        }
+        for (size_t k = 0; k < n_touched; k++) counts[touched[k]] = 0;
+        if (best_count < 2) break; /* nothing left worth merging */
         int32_t left = (int32_t)(best / dim), right = (int32_t)(best % dim);
         int32_t result = b->n_vocab++;
         b->merge_left[result] = left;
@@ -242,6 +313,7 @@ int lp_bpe_train(lp_bpe *b, int vocab_size, lp_error *err) {
             wd->n_syms = merge_in(wd->syms, wd->n_syms, left, right, result);
         }
     }
+    free(touched);
     free(counts);
     return 0;
 }

@@ -6,15 +6,16 @@
 #include <string.h>
 #include <sys/stat.h>
 
+#include "world2.h"
 #include "world_internal.h"
 
 lp_world_params lp_world_default_params(void) {
-    return (lp_world_params){.seed = 1, .stories = 40000, .per_task = 3000,
+    return (lp_world_params){.version = 1, .seed = 1, .stories = 40000, .per_task = 3000,
                              .correct_factor = 10, .eval_per_task = 300, .eval_percent = 10,
                              .vocab_size = 768};
 }
 
-static int make_dir(const char *path, lp_error *err) {
+int world_make_dir(const char *path, lp_error *err) {
     if (mkdir(path, 0755) == 0 || errno == EEXIST) return 0;
     return lp_fail(err, "%s: cannot create directory: %s", path, strerror(errno));
 }
@@ -32,7 +33,7 @@ static void json_str(FILE *f, const char *s) {
     fputc('"', f);
 }
 
-static void write_record(FILE *f, const lp_world_record *r) {
+void world_write_record(FILE *f, const lp_world_record *r) {
     fputs("{\"task\":", f);
     json_str(f, r->task);
     fputs(",\"lang\":", f);
@@ -48,19 +49,14 @@ static void write_record(FILE *f, const lp_world_record *r) {
     fputs("}\n", f);
 }
 
-static uint64_t hash_str(const char *s) {
+uint64_t world_hash_str(const char *s) {
     uint64_t h = 1469598103934665603ull;
     for (; *s; s++) h = (h ^ (unsigned char)*s) * 1099511628211ull;
     return h | 1; /* 0 marks an empty slot */
 }
 
 /* A set of 64-bit hashes (open addressing) to drop duplicate prompts. */
-typedef struct hash_set {
-    uint64_t *slots;
-    size_t mask;
-} hash_set;
-
-static bool set_insert(hash_set *s, uint64_t h) {
+bool world_set_insert(world_hash_set *s, uint64_t h) {
     size_t j = h & s->mask;
     for (; s->slots[j]; j = (j + 1) & s->mask)
         if (s->slots[j] == h) return false;
@@ -68,7 +64,7 @@ static bool set_insert(hash_set *s, uint64_t h) {
     return true;
 }
 
-static FILE *open_out(const char *dir, const char *name, char *path, size_t cap,
+FILE *world_open_out(const char *dir, const char *name, char *path, size_t cap,
                       lp_error *err) {
     snprintf(path, cap, "%s/%s", dir, name);
     FILE *f = fopen(path, "w");
@@ -76,7 +72,7 @@ static FILE *open_out(const char *dir, const char *name, char *path, size_t cap,
     return f;
 }
 
-static int close_out(FILE *f, const char *path, lp_error *err) {
+int world_close_out(FILE *f, const char *path, lp_error *err) {
     bool bad = ferror(f) != 0;
     if (fclose(f) != 0 || bad) return lp_fail(err, "%s: write failed", path);
     return 0;
@@ -99,7 +95,7 @@ static int draw_task(int task, const lp_world_params *p, int n_train_want, bool 
     const char *tname = lp_world_task_name(task);
     size_t want = (size_t)n_train_want + (size_t)p->eval_per_task, cap = 1024;
     while (cap < want * 4) cap *= 2;
-    hash_set seen = {.slots = calloc(cap, sizeof(uint64_t)), .mask = cap - 1};
+    world_hash_set seen = {.slots = calloc(cap, sizeof(uint64_t)), .mask = cap - 1};
     lp_world_record *r = malloc(sizeof *r);
     int rc = -1;
     if (!seen.slots || !r) {
@@ -119,9 +115,9 @@ static int draw_task(int task, const lp_world_params *p, int n_train_want, bool 
         uint64_t key = world_make_record(&rng, task, (int)(attempt % LP_N_LANGS), v1, r);
         bool eval = lp_world_key_is_eval(key, p->eval_percent);
         if (eval ? n_eval >= p->eval_per_task : n_train >= n_train_want) continue;
-        if (!set_insert(&seen, hash_str(r->prompt))) continue;
+        if (!world_set_insert(&seen, world_hash_str(r->prompt))) continue;
         FILE *f = eval ? out->eval : out->train;
-        if (f) write_record(f, r);
+        if (f) world_write_record(f, r);
         if (eval) {
             n_eval++;
             continue;
@@ -156,10 +152,10 @@ static int write_task(const char *dir, int task, const lp_world_params *p, lp_bp
     char path_tr[1024], path_ev[1024], name[64];
     const char *tname = lp_world_task_name(task);
     snprintf(name, sizeof name, "tasks/%s.train.jsonl", tname);
-    FILE *tr = open_out(dir, name, path_tr, sizeof path_tr, err);
+    FILE *tr = world_open_out(dir, name, path_tr, sizeof path_tr, err);
     if (!tr) return -1;
     snprintf(name, sizeof name, "tasks/%s.eval.jsonl", tname);
-    FILE *ev = open_out(dir, name, path_ev, sizeof path_ev, err);
+    FILE *ev = world_open_out(dir, name, path_ev, sizeof path_ev, err);
     if (!ev) {
         fclose(tr);
         return -1;
@@ -170,7 +166,7 @@ static int write_task(const char *dir, int task, const lp_world_params *p, lp_bp
     int rc = 0;
     if (correct) {
         snprintf(name, sizeof name, "tasks/%s.v1.train.jsonl", tname);
-        v1 = open_out(dir, name, path_v1, sizeof path_v1, err);
+        v1 = world_open_out(dir, name, path_v1, sizeof path_v1, err);
         rc = v1 ? 0 : -1;
     }
     if (rc == 0 && correct) {
@@ -182,16 +178,16 @@ static int write_task(const char *dir, int task, const lp_world_params *p, lp_bp
         task_out out = {.train = tr, .eval = ev, .bpe = correct ? NULL : bpe, .first = first};
         rc = draw_task(task, p, n_train, false, &out, st, err);
     }
-    int rc_v1 = v1 ? close_out(v1, path_v1, rc == 0 ? err : NULL) : 0;
-    int rc_tr = close_out(tr, path_tr, rc == 0 ? err : NULL);
-    int rc_ev = close_out(ev, path_ev, rc == 0 ? err : NULL);
+    int rc_v1 = v1 ? world_close_out(v1, path_v1, rc == 0 ? err : NULL) : 0;
+    int rc_tr = world_close_out(tr, path_tr, rc == 0 ? err : NULL);
+    int rc_ev = world_close_out(ev, path_ev, rc == 0 ? err : NULL);
     return rc != 0 ? rc : rc_v1 != 0 ? rc_v1 : rc_tr != 0 ? rc_tr : rc_ev;
 }
 
 static int write_pretrain(const char *dir, const lp_world_params *p, lp_bpe *bpe,
                           lp_world_stats *st, lp_error *err) {
     char path[1024], line[2048];
-    FILE *f = open_out(dir, "pretrain.txt", path, sizeof path, err);
+    FILE *f = world_open_out(dir, "pretrain.txt", path, sizeof path, err);
     if (!f) return -1;
     lp_rng rng;
     lp_rng_seed(&rng, p->seed * 1000003u + 99991u);
@@ -210,7 +206,7 @@ static int write_pretrain(const char *dir, const lp_world_params *p, lp_bpe *bpe
         st->pretrain_bytes += (size_t)n + 1;
         st->pretrain_lines++;
     }
-    return close_out(f, path, err);
+    return world_close_out(f, path, err);
 }
 
 static void readme_example(FILE *f, const lp_world_record *r) {
@@ -224,7 +220,7 @@ static void readme_example(FILE *f, const lp_world_record *r) {
 static int write_readme(const char *dir, const lp_world_params *p, const lp_world_stats *st,
                         const lp_world_record *firsts, lp_error *err) {
     char path[1024];
-    FILE *f = open_out(dir, "README.md", path, sizeof path, err);
+    FILE *f = world_open_out(dir, "README.md", path, sizeof path, err);
     if (!f) return -1;
     fprintf(f,
             "# loraplex demo world corpus\n\n"
@@ -283,11 +279,14 @@ static int write_readme(const char *dir, const lp_world_params *p, const lp_worl
             "    loraplex eval-tasks -m base.gguf --quantized base-w4a8.lpx \\\n"
             "        --adapters correct=correct.lpa,style-formal=style-formal.lpa,... \\\n"
             "        --data $WORLD/tasks\n");
-    return close_out(f, path, err);
+    return world_close_out(f, path, err);
 }
 
 int lp_world_generate(const char *dir, const lp_world_params *p, lp_world_stats *stats,
                       lp_error *err) {
+    if (p->version == 2) return lp_world2_generate(dir, p, stats, err);
+    if (p->version != 1)
+        return lp_fail(err, "world: version %d unknown (1 or 2)", p->version);
     lp_world_stats st = {0};
     char tasks_dir[1024];
     if (p->stories < 0 || p->per_task < 1 || p->eval_per_task < 1 || p->eval_percent < 1 ||
@@ -297,7 +296,7 @@ int lp_world_generate(const char *dir, const lp_world_params *p, lp_world_stats 
                             "%d, eval %d, eval percent %d)", p->stories, p->per_task,
                        p->correct_factor, p->eval_per_task, p->eval_percent);
     snprintf(tasks_dir, sizeof tasks_dir, "%s/tasks", dir);
-    if (make_dir(dir, err) != 0 || make_dir(tasks_dir, err) != 0) return -1;
+    if (world_make_dir(dir, err) != 0 || world_make_dir(tasks_dir, err) != 0) return -1;
     lp_bpe *bpe = lp_bpe_create(err);
     if (!bpe) return -1;
     lp_world_record firsts[LP_WORLD_N_TASKS];

@@ -107,6 +107,7 @@ bool lp_world_key_is_eval(uint64_t key, int eval_percent);
 /* ---- generating a corpus directory ----------------------------------------- */
 
 typedef struct lp_world_params {
+    int version;          /* 1 (this header's world, the default) or 2 (world2.h) */
     uint64_t seed;        /* default 1 */
     int stories;          /* pretraining documents (default 40000) */
     int per_task;         /* train records per task (default 3000) */
@@ -129,6 +130,8 @@ typedef struct lp_world_stats {
     size_t task_train_records, task_eval_records;
     int vocab_size;
     double seconds_text, seconds_bpe;
+    /* version 2 only: tokens under the trained vocabulary (no BOS/EOS) */
+    size_t pretrain_tokens, task_train_tokens, task_eval_tokens;
 } lp_world_stats;
 
 /* Writes DIR/pretrain.txt, DIR/tasks/<task>.{train,eval}.jsonl,

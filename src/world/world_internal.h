@@ -3,6 +3,8 @@
 #ifndef LP_WORLD_INTERNAL_H
 #define LP_WORLD_INTERNAL_H
 
+#include <stdio.h>
+
 #include "world.h"
 
 /* A bounded string builder: never writes past cap, remembers overflow. */
@@ -42,5 +44,35 @@ void world_random_np(lp_rng *rng, bool agent, lp_np *np);
 int world_random_time(lp_rng *rng, int tense);
 uint64_t world_core_key(const lp_meaning *m);
 uint64_t world_mix(uint64_t h, int64_t v);
+
+/* ---- version 2 (w2_lang.c, w2_tasks.c, w2_generate.c) ---- */
+struct lp_world2;
+struct lp_w2_opts;
+const char *world2_period(int lang);
+/* capitalizes the first letter of s in place (our scripts with case) */
+void world2_upper_first(char *s);
+void world2_clause(const struct lp_world2 *w, sb *s, const lp_meaning *m, int lang,
+                   const struct lp_w2_opts *o);
+void world2_go(const struct lp_world2 *w, sb *s, const lp_np *subj, int place, int time, int lang,
+               const struct lp_w2_opts *o);
+void world2_go_and(const struct lp_world2 *w, sb *s, const lp_meaning *act, int place, int lang);
+/* kind: 'O' definite object, 'D' destination, 'L' place, 'T' time, 'K' a
+ * noun's dictionary form */
+void world2_piece(const struct lp_world2 *w, sb *s, char kind, const lp_np *np, int place,
+                  int time, int lang);
+int world2_random_time(lp_rng *rng, int tense);
+void world2_random_np(lp_rng *rng, bool agent, lp_np *np);
+
+/* generate.c's writers, shared with version 2 */
+typedef struct world_hash_set {
+    uint64_t *slots;
+    size_t mask;
+} world_hash_set;
+bool world_set_insert(world_hash_set *s, uint64_t h);
+uint64_t world_hash_str(const char *s);
+void world_write_record(FILE *f, const lp_world_record *r);
+FILE *world_open_out(const char *dir, const char *name, char *path, size_t cap, lp_error *err);
+int world_close_out(FILE *f, const char *path, lp_error *err);
+int world_make_dir(const char *path, lp_error *err);
 
 #endif
