@@ -1,0 +1,409 @@
+/* QUAD shared profiles: the .lpq format (round trip, malformed files), the
+ * static-encoding LoRA kernel against a plain C reference, adapters stored
+ * as codes under a profile (binding rules, and the runtime against the same
+ * adapter with its fake-quantized values in F32). */
+#include <loraplex.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+#include "check.h"
+#include "formats/le.h"
+#include "formats/lpa.h"
+#include "formats/lpq.h"
+#include "kernels/lora_static.h"
+#include "model/adapter.h"
+#include "model/profile.h"
+#include "tools/quad.h"
+
+#define DEMO LP_SOURCE_DIR "/models/demo"
+
+static uint64_t rng_state(uint64_t *s) {
+    *s ^= *s << 13;
+    *s ^= *s >> 7;
+    *s ^= *s << 17;
+    return *s;
+}
+static float frand(uint64_t *s) { return (float)(rng_state(s) >> 40) / (float)(1u << 24) * 2.0f - 1.0f; }
+
+/* ---- the format --------------------------------------------------------------------- */
+
+static void make_profile(lp_lpq *q, bool channel) {
+    memset(q, 0, sizeof *q);
+    q->base_fingerprint = 0x1234;
+    q->weight_bits = 4;
+    q->act_bits = 8;
+    q->granularity = channel ? LP_LPQ_PER_CHANNEL : LP_LPQ_PER_TENSOR;
+    q->strategy = LP_LPQ_ANCHOR;
+    snprintf(q->anchor, sizeof q->anchor, "translate");
+    q->n_entries = 2;
+    q->entries = calloc(2, sizeof *q->entries);
+    const char *names[2] = {"blk.1.attn_q.weight", "blk.0.ffn_down.weight"};
+    for (int i = 0; i < 2; i++) {
+        lp_lpq_entry *e = &q->entries[i];
+        snprintf(e->tensor, sizeof e->tensor, "%s", names[i]);
+        e->rank = 4;
+        e->in = 64;
+        e->out = 32;
+        e->x = (lp_qenc){.scale = 0.03f, .zero = 128};
+        e->t = (lp_qenc){.scale = 0.01f + (float)i, .zero = 100};
+        e->na = channel ? e->rank : 1;
+        e->nb = channel ? e->out : 1;
+        e->a = calloc(e->na, sizeof *e->a);
+        e->b = calloc(e->nb, sizeof *e->b);
+        for (uint32_t c = 0; c < e->na; c++) e->a[c] = (lp_qenc){.scale = 0.001f * (float)(c + 1), .zero = (int32_t)(c % 16)};
+        for (uint32_t c = 0; c < e->nb; c++) e->b[c] = (lp_qenc){.scale = 0.002f * (float)(c + 1), .zero = 8};
+    }
+}
+
+static size_t read_all(const char *path, uint8_t **out) {
+    FILE *f = fopen(path, "rb");
+    if (!f) return 0;
+    fseek(f, 0, SEEK_END);
+    long n = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    *out = malloc((size_t)n);
+    size_t got = fread(*out, 1, (size_t)n, f);
+    fclose(f);
+    return got;
+}
+
+/* The id field recomputed (as the writer does), so a mutation reaches the
+ * checks behind it. */
+static void repair_id(uint8_t *p, size_t n) {
+    uint8_t zero[8] = {0};
+    uint64_t h = lp_lpa_hash(LP_LPA_HASH_SEED ^ 0x4c5051ull, p, 16);
+    h = lp_lpa_hash(h, zero, 8);
+    h = lp_lpa_hash(h, p + 24, n - 24);
+    lp_le_put_u64(p + 16, h ? h : 1);
+}
+
+static bool rejects(const uint8_t *p, size_t n, const char *needle) {
+    lp_lpq q;
+    lp_error err;
+    if (lp_lpq_parse(p, n, "bad.lpq", &q, &err) == 0) {
+        lp_lpq_release(&q);
+        fprintf(stderr, "accepted a malformed profile (%s)\n", needle);
+        return false;
+    }
+    bool ok = strstr(err.message, "bad.lpq") && strstr(err.message, needle);
+    if (!ok) fprintf(stderr, "message '%s' lacks '%s'\n", err.message, needle);
+    return ok;
+}
+
+static void test_format(void) {
+    for (int channel = 0; channel < 2; channel++) {
+        lp_lpq q, r;
+        make_profile(&q, channel);
+        lp_error err;
+        char path[] = "/tmp/lp_quad_XXXXXX";
+        int fd = mkstemp(path);
+        close(fd);
+        CHECK(lp_lpq_write(path, &q, &err) == 0);
+        CHECK(q.id != 0);
+        CHECK(lp_lpq_read(path, &r, &err) == 0);
+        CHECK(r.id == q.id && r.weight_bits == 4 && r.granularity == (uint32_t)channel &&
+              r.base_fingerprint == 0x1234 && !strcmp(r.anchor, "translate") && r.n_entries == 2);
+        /* sorted by name on writing */
+        CHECK(!strcmp(r.entries[0].tensor, "blk.0.ffn_down.weight"));
+        bool same = true;
+        for (uint32_t i = 0; i < 2; i++) {
+            const lp_lpq_entry *a = &q.entries[i], *b = &r.entries[i];
+            same &= !strcmp(a->tensor, b->tensor) && a->rank == b->rank && a->in == b->in && a->out == b->out &&
+                    a->x.scale == b->x.scale && a->x.zero == b->x.zero && a->t.scale == b->t.scale &&
+                    a->na == b->na && a->nb == b->nb;
+            for (uint32_t c = 0; c < a->na; c++) same &= a->a[c].scale == b->a[c].scale && a->a[c].zero == b->a[c].zero;
+            for (uint32_t c = 0; c < a->nb; c++) same &= a->b[c].scale == b->b[c].scale && a->b[c].zero == b->b[c].zero;
+        }
+        CHECK(same);
+        CHECK(lp_lpq_find(&r, "blk.1.attn_q.weight") == &r.entries[1] && !lp_lpq_find(&r, "blk.9.attn_q.weight"));
+        lp_lpq_release(&r);
+
+        uint8_t *p = NULL;
+        size_t n = read_all(path, &p);
+        CHECK(n > LP_LPQ_HEADER_BYTES);
+        uint8_t *m = malloc(n);
+        memcpy(m, p, n);
+        m[300] ^= 1; /* any flipped byte */
+        CHECK(rejects(m, n, "checksum"));
+        CHECK(rejects(p, n - 8, "truncated"));
+        CHECK(rejects(p, 100, "too short"));
+        memcpy(m, p, n);
+        m[0] = 'X';
+        CHECK(rejects(m, n, "magic"));
+        memcpy(m, p, n);
+        lp_le_put_u32(m + 4, 2);
+        repair_id(m, n);
+        CHECK(rejects(m, n, "version"));
+        memcpy(m, p, n);
+        lp_le_put_u32(m + 32, 5);
+        repair_id(m, n);
+        CHECK(rejects(m, n, "weight bits"));
+        memcpy(m, p, n);
+        lp_le_put_u32(m + 48, 1000); /* entries beyond the file */
+        repair_id(m, n);
+        CHECK(rejects(m, n, "entries"));
+        memcpy(m, p, n);
+        lp_le_put_f32(m + LP_LPQ_HEADER_BYTES + 108, -1.0f); /* x scale */
+        repair_id(m, n);
+        CHECK(rejects(m, n, "scale"));
+        memcpy(m, p, n);
+        lp_le_put_u32(m + LP_LPQ_HEADER_BYTES + 120, 256); /* t zero-point past 8 bits */
+        repair_id(m, n);
+        CHECK(rejects(m, n, "zero-point"));
+        memcpy(m, p, n);
+        lp_le_put_u32(m + LP_LPQ_HEADER_BYTES + 96, 65); /* rank > min(in, out) */
+        repair_id(m, n);
+        CHECK(rejects(m, n, "rank"));
+        memcpy(m, p, n); /* entries swapped: out of order */
+        memcpy(m + LP_LPQ_HEADER_BYTES, p + LP_LPQ_HEADER_BYTES + LP_LPQ_ENTRY_BYTES, LP_LPQ_ENTRY_BYTES);
+        memcpy(m + LP_LPQ_HEADER_BYTES + LP_LPQ_ENTRY_BYTES, p + LP_LPQ_HEADER_BYTES, LP_LPQ_ENTRY_BYTES);
+        repair_id(m, n);
+        CHECK(rejects(m, n, "order"));
+        /* a weight zero-point past 4 bits (the first A zero-point) */
+        memcpy(m, p, n);
+        size_t enc = LP_LPQ_HEADER_BYTES + 2 * LP_LPQ_ENTRY_BYTES;
+        uint32_t na = channel ? 4 : 1;
+        lp_le_put_u32(m + enc + 4 * na, 16);
+        repair_id(m, n);
+        CHECK(rejects(m, n, "zero-point"));
+        free(m);
+        free(p);
+        remove(path);
+        lp_lpq_release(&q);
+    }
+    /* the encoding of a range holds both ends and 0 */
+    lp_qenc e = lp_qenc_from_range(-1.0f, 3.0f, 255);
+    CHECK(lp_q_code(-1.0f, e, 255) == 0 && lp_q_code(3.0f, e, 255) == 255);
+    CHECK(fabsf(lp_q_value(lp_q_code(0.0f, e, 255), e)) == 0.0f);
+    CHECK(lp_q_code(NAN, e, 255) == 0 && lp_q_code(1e30f, e, 255) == 255);
+}
+
+/* ---- the kernel ---------------------------------------------------------------------- */
+
+/* The branch written out as lora_static.h states it, one element at a time. */
+static void reference(const lp_lora_static *L, const float *x, int n, float *y) {
+    for (int i = 0; i < n; i++) {
+        int qt[64];
+        for (int j = 0; j < L->rank; j++) {
+            lp_qenc ea = L->ea[L->na > 1 ? j : 0];
+            int64_t acc = 0;
+            for (int k = 0; k < L->in; k++) {
+                int qx = lp_q_code(x[i * L->in + k], L->x, 255) - L->x.zero;
+                acc += (int64_t)qx * ((int64_t)L->qa[j * L->in + k] - ea.zero);
+            }
+            float t = (L->x.scale * ea.scale) * (float)acc;
+            qt[j] = lp_q_code(t, L->t, 255) - L->t.zero;
+        }
+        for (int o = 0; o < L->out; o++) {
+            lp_qenc eb = L->eb[L->nb > 1 ? o : 0];
+            int64_t acc = 0;
+            for (int j = 0; j < L->rank; j++) acc += (int64_t)qt[j] * ((int64_t)L->qb[o * L->rank + j] - eb.zero);
+            y[i * L->out + o] += (L->scale * L->t.scale * eb.scale) * (float)acc;
+        }
+    }
+}
+
+static void test_kernel(void) {
+    uint64_t s = 7;
+    for (int trial = 0; trial < 6; trial++) {
+        int rank = 1 + trial * 5, in = 40 + 17 * trial, out = 24 + 9 * trial, n = 1 + trial, bits = trial % 2 ? 4 : 8;
+        int qmax = (1 << bits) - 1;
+        bool chan = trial >= 2;
+        uint8_t *qa = malloc((size_t)rank * in), *qb = malloc((size_t)out * rank);
+        for (int i = 0; i < rank * in; i++) qa[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
+        for (int i = 0; i < out * rank; i++) qb[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
+        lp_qenc ea[32], eb[128];
+        for (int c = 0; c < 32; c++) ea[c] = (lp_qenc){.scale = 0.01f + 0.001f * c, .zero = c % (qmax + 1)};
+        for (int c = 0; c < 128; c++) eb[c] = (lp_qenc){.scale = 0.02f + 0.0005f * c, .zero = (3 * c) % (qmax + 1)};
+        lp_lora_static L = {.qa = qa, .qb = qb, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
+                            .na = chan ? (uint32_t)rank : 1, .nb = chan ? (uint32_t)out : 1,
+                            .x = lp_qenc_from_range(-2.0f, 2.5f, 255), .t = lp_qenc_from_range(-3.0f, 3.0f, 255),
+                            .act_qmax = 255, .scale = 0.75f};
+        float *x = malloc(sizeof(float) * (size_t)(n * in)), *y = calloc((size_t)(n * out), sizeof(float)),
+              *yr = calloc((size_t)(n * out), sizeof(float));
+        for (int i = 0; i < n * in; i++) x[i] = 2.5f * frand(&s);
+        for (int i = 0; i < n * out; i++) y[i] = yr[i] = frand(&s);
+        int32_t scratch[512];
+        lp_lora_static_rows(&L, x, in, n, NULL, y, out, NULL, scratch);
+        reference(&L, x, n, yr);
+        CHECK_MSG(memcmp(y, yr, sizeof(float) * (size_t)(n * out)) == 0, "trial %d differs from the reference", trial);
+        free(qa);
+        free(qb);
+        free(x);
+        free(y);
+        free(yr);
+    }
+}
+
+/* ---- adapters under a profile, in the runtime ----------------------------------------- */
+
+/* A per-channel profile from one adapter's own weights, with activation
+ * encodings of +-64 (uncalibrated: wide enough for every LoRA input of the
+ * demo model, at a coarse step of 0.5). */
+static void profile_of(const lp_quad_lora *fp, const lp_model *m, int bits, lp_lpq *q) {
+    memset(q, 0, sizeof *q);
+    q->weight_bits = (uint32_t)bits;
+    q->act_bits = 8;
+    q->granularity = LP_LPQ_PER_CHANNEL;
+    q->entries = calloc((size_t)m->n_weights, sizeof *q->entries);
+    int qmax = (1 << bits) - 1;
+    for (int w = 0; w < m->n_weights; w++) {
+        if (!fp->rank[w]) continue;
+        lp_lpq_entry *e = &q->entries[q->n_entries++];
+        snprintf(e->tensor, sizeof e->tensor, "%s", m->weights[w].name);
+        e->rank = (uint32_t)fp->rank[w];
+        e->in = (uint32_t)m->weights[w].w->cols;
+        e->out = (uint32_t)m->weights[w].w->rows;
+        e->na = e->rank;
+        e->nb = e->out;
+        e->a = malloc(e->na * sizeof *e->a);
+        e->b = malloc(e->nb * sizeof *e->b);
+        float lo[1024], hi[1024];
+        for (int c = 0; c < 1024; c++) lo[c] = INFINITY, hi[c] = -INFINITY;
+        lp_quad_ranges(fp->A[w], (int)e->rank, (int)e->in, (int)e->na, lo, hi);
+        for (uint32_t c = 0; c < e->na; c++) e->a[c] = lp_qenc_from_range(lo[c], hi[c], qmax);
+        for (int c = 0; c < 1024; c++) lo[c] = INFINITY, hi[c] = -INFINITY;
+        lp_quad_ranges(fp->B[w], (int)e->out, (int)e->rank, (int)e->nb, lo, hi);
+        for (uint32_t c = 0; c < e->nb; c++) e->b[c] = lp_qenc_from_range(lo[c], hi[c], qmax);
+        e->x = lp_qenc_from_range(-64.0f, 64.0f, 255);
+        e->t = lp_qenc_from_range(-64.0f, 64.0f, 255);
+    }
+}
+
+/* Last-position logits of a prompt with the adapter in slot 1. */
+static void run_logits(const lp_model *m, const lp_profile *pf, const lp_adapter *a, float *out, lp_error *err) {
+    lp_context_params p = lp_context_default_params();
+    p.n_threads = 1;
+    p.max_rows = 32;
+    p.max_sequences = 1;
+    p.n_ctx = 64;
+    p.max_adapters = 1;
+    lp_context *ctx = lp_context_create(m, &p, err);
+    if (pf) CHECK(lp_context_bind_profile(ctx, pf, err) == 0);
+    if (a) CHECK(lp_context_bind_adapter(ctx, 1, a, err) == 0);
+    const int32_t toks[8] = {1, 40, 71, 300, 12, 99, 250, 5};
+    lp_row rows[8];
+    for (int i = 0; i < 8; i++)
+        rows[i] = (lp_row){.token = toks[i], .pos = i, .seq = 0, .adapter = a ? 1 : 0, .parent = -1, .logits = i == 7, .commit = true};
+    CHECK(lp_forward(ctx, rows, 8, err) == 0);
+    memcpy(out, lp_logits(ctx, 7), sizeof(float) * (size_t)m->hp.n_vocab);
+    lp_context_free(ctx);
+}
+
+static void test_runtime(void) {
+    lp_error err;
+    lp_model *m = lp_model_load(DEMO "/base.gguf", NULL, &err);
+    CHECK_MSG(m != NULL, "%s", m ? "" : err.message);
+    if (!m) return;
+    lp_adapter *fa = lp_adapter_load(m, DEMO "/adapters/translate.lpa", 1.0f, &err);
+    CHECK(fa != NULL);
+    if (!fa) return;
+    int V = m->hp.n_vocab;
+    float *lq = malloc(sizeof(float) * (size_t)V), *lf = malloc(sizeof(float) * (size_t)V),
+          *l0 = malloc(sizeof(float) * (size_t)V);
+    run_logits(m, NULL, NULL, l0, &err);
+    for (int bits = 8; bits >= 4; bits -= 4) {
+        lp_quad_lora fp;
+        CHECK(lp_quad_lora_from_adapter(&fp, fa, &err) == 0);
+        lp_lpq q;
+        profile_of(&fp, m, bits, &q);
+        char dir[] = "/tmp/lp_quadrt_XXXXXX";
+        CHECK(mkdtemp(dir) != NULL);
+        char qpath[256], apath[256], fpath[256], q2path[256];
+        snprintf(qpath, sizeof qpath, "%s/shared.lpq", dir);
+        snprintf(q2path, sizeof q2path, "%s/other.lpq", dir);
+        snprintf(apath, sizeof apath, "%s/a.lpa", dir);
+        snprintf(fpath, sizeof fpath, "%s/fake.lpa", dir);
+        CHECK(lp_lpq_write(qpath, &q, &err) == 0);
+        CHECK_MSG(lp_quad_write_adapter(apath, m, &q, &fp, &err) == 0, "%s", err.message);
+        /* the same adapter, its fake-quantized values in F32 */
+        lp_quad_fake_quantize(&fp, &q);
+        lp_lpa_entry *es = calloc(q.n_entries, sizeof *es);
+        for (uint32_t i = 0; i < q.n_entries; i++) {
+            int w = lp_model_weight_by_name(m, q.entries[i].tensor);
+            es[i] = (lp_lpa_entry){.rank = q.entries[i].rank, .dtype = LP_F32, .scale = fp.scale[w],
+                                   .in = q.entries[i].in, .out = q.entries[i].out, .a = fp.A[w], .b = fp.B[w]};
+            snprintf(es[i].tensor, sizeof es[i].tensor, "%s", q.entries[i].tensor);
+        }
+        lp_lpa_base b = lp_adapter_lpa_base(m);
+        CHECK(lp_lpa_write(fpath, &b, "fake", "", es, q.n_entries, &err) == 0);
+        free(es);
+
+        lp_profile *pf = lp_profile_load(m, qpath, &err);
+        CHECK_MSG(pf != NULL, "%s", pf ? "" : err.message);
+        lp_adapter *qa = lp_adapter_load(m, apath, 1.0f, &err);
+        lp_adapter *ff = lp_adapter_load(m, fpath, 1.0f, &err);
+        CHECK(qa && ff && pf);
+        if (!qa || !ff || !pf) break;
+        CHECK(qa->profile_id == lp_profile_id(pf));
+        /* 8-bit codes take a byte each, 4-bit half */
+        FILE *f = fopen(apath, "rb");
+        fseek(f, 0, SEEK_END);
+        long bytes = ftell(f);
+        fclose(f);
+        CHECK(bytes < (bits == 8 ? 190000 : 110000));
+
+        run_logits(m, pf, qa, lq, &err);
+        run_logits(m, NULL, ff, lf, &err);
+        /* The two differ only by the branch's static 8-bit activation rounding
+         * (coarse here: the encodings are not calibrated), far less than the
+         * adapter moves the logits; exactness is the kernel test's. */
+        double maxd = 0, moved = 0;
+        int am_q = 0, am_f = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)lq[v] - lf[v]), d0 = fabs((double)l0[v] - lf[v]);
+            if (d > maxd) maxd = d;
+            if (d0 > moved) moved = d0;
+            if (lq[v] > lq[am_q]) am_q = v;
+            if (lf[v] > lf[am_f]) am_f = v;
+        }
+        CHECK_MSG(maxd < 0.5 * moved, "bits %d: max |dlogit| %g, the adapter moves them by %g", bits, maxd, moved);
+        CHECK(am_q == am_f);
+
+        /* binding rules: no profile bound, then another profile */
+        lp_context_params p = lp_context_default_params();
+        p.n_threads = 1;
+        p.max_adapters = 1;
+        p.max_rows = 8;
+        p.n_ctx = 64;
+        lp_context *ctx = lp_context_create(m, &p, &err);
+        CHECK(lp_context_bind_adapter(ctx, 1, qa, &err) != 0 && strstr(err.message, "no profile is bound"));
+        q.entries[0].x.scale *= 2; /* any change: another profile id */
+        CHECK(lp_lpq_write(q2path, &q, &err) == 0);
+        lp_profile *p2 = lp_profile_load(m, q2path, &err);
+        CHECK(p2 && lp_profile_id(p2) != lp_profile_id(pf));
+        CHECK(lp_context_bind_profile(ctx, p2, &err) == 0);
+        char want[32];
+        snprintf(want, sizeof want, "%016llx", (unsigned long long)lp_profile_id(p2));
+        CHECK(lp_context_bind_adapter(ctx, 1, qa, &err) != 0 && strstr(err.message, "quad fit") &&
+              strstr(err.message, want));
+        CHECK(lp_context_bind_profile(ctx, pf, &err) != 0); /* once */
+        CHECK(lp_context_bind_adapter(ctx, 1, ff, &err) == 0); /* plain adapters still bind */
+        lp_context_free(ctx);
+        lp_profile_free(p2);
+        lp_adapter_free(qa);
+        lp_adapter_free(ff);
+        lp_profile_free(pf);
+        lp_lpq_release(&q);
+        lp_quad_lora_free(&fp);
+        remove(qpath);
+        remove(q2path);
+        remove(apath);
+        remove(fpath);
+        rmdir(dir);
+    }
+    free(lq);
+    free(lf);
+    free(l0);
+    lp_adapter_free(fa);
+    lp_model_free(m);
+}
+
+int main(void) {
+    test_format();
+    test_kernel();
+    test_runtime();
+    return check_summary("test_quad");
+}
