@@ -16,6 +16,7 @@
 #include "model/adapter.h"
 #include "model/profile.h"
 #include "tools/quad.h"
+#include "train/train.h"
 
 #define DEMO LP_SOURCE_DIR "/models/demo"
 
@@ -401,9 +402,252 @@ static void test_runtime(void) {
     lp_model_free(m);
 }
 
+/* ---- the trainer's student, QSS and distillation ------------------------------------- */
+
+typedef struct student_env {
+    lp_model *m;
+    lp_adapter *a;
+    lp_train_model *tm;
+    lp_threadpool *pool;
+    lp_train_data d;
+    lp_train_batch_buf bb;
+    lp_quad_lora fp;
+    lp_quad_acts acts;
+} student_env;
+
+static int env_open(student_env *e, const char *task, int trainable, int B, lp_error *err) {
+    memset(e, 0, sizeof *e);
+    char path[512];
+    snprintf(path, sizeof path, DEMO "/adapters/%s.lpa", task);
+    if (!(e->m = lp_model_load(DEMO "/base.gguf", NULL, err)) || !(e->a = lp_adapter_load(e->m, path, 1.0f, err)))
+        return -1;
+    snprintf(path, sizeof path, DEMO "/eval/tasks/%s.eval.jsonl", task);
+    lp_train_config c;
+    if (lp_train_data_load_jsonl(&e->d, path, e->m->tok, err) < 0 || lp_train_config_from_model(e->m, &c, err) < 0 ||
+        lp_train_config_from_adapter(e->a, &c, err) < 0 || !(e->tm = lp_train_model_create(&c, trainable, err)) ||
+        !(e->pool = lp_threadpool_create(2, err)))
+        return -1;
+    lp_train_model_set_pool(e->tm, e->pool);
+    if (lp_train_model_load_base(e->tm, e->m, err) < 0 || lp_train_lora_from_adapter(e->tm, e->a, err) < 0 ||
+        lp_train_model_reserve(e->tm, B, 64, err) < 0 || lp_train_batch_alloc(&e->bb, B, 64, err) < 0)
+        return -1;
+    for (int r = 0; r < B; r++) lp_train_batch_set_example(&e->bb, r, &e->d.ex[r]);
+    if (lp_quad_lora_from_adapter(&e->fp, e->a, err) || lp_quad_acts_init(&e->acts, e->m->n_weights, err)) return -1;
+    /* activation ranges of the float branch on the batch */
+    lp_train_quad *q = lp_train_quad_create(e->tm, err);
+    if (!q) return -1;
+    lp_train_quad_observe(q, true);
+    e->tm->quad = q;
+    double loss = lp_train_forward(e->tm, &e->bb.batch, err);
+    e->tm->quad = NULL;
+    for (int w = 0; w < e->m->n_weights; w++)
+        lp_train_quad_ranges(q, w, &e->acts.x_lo[w], &e->acts.x_hi[w], &e->acts.t_lo[w], &e->acts.t_hi[w]);
+    lp_train_quad_free(q);
+    return isnan(loss) ? -1 : 0;
+}
+
+static void env_close(student_env *e) {
+    lp_quad_acts_free(&e->acts);
+    lp_quad_lora_free(&e->fp);
+    lp_train_batch_free(&e->bb);
+    lp_train_data_free(&e->d);
+    lp_train_model_free(e->tm);
+    lp_threadpool_destroy(e->pool);
+    lp_adapter_free(e->a);
+    lp_model_free(e->m);
+}
+
+static void test_qss(void) {
+    lp_error err;
+    student_env e;
+    CHECK_MSG(env_open(&e, "translate", 0, 6, &err) == 0, "%s", err.message);
+    double q0 = -1, q8 = -1, q4 = -1, q4t = -1;
+    CHECK(lp_quad_qss(e.tm, &e.bb.batch, NULL, &q0, &err) == 0);
+    CHECK_MSG(q0 == 0.0, "QSS of the unquantized adapter with itself is %g", q0);
+    const lp_quad_lora *one = &e.fp;
+    lp_lpq p8, p4, p4t;
+    CHECK(lp_quad_build_profile(e.m, &one, 1, &e.acts, 8, LP_LPQ_PER_CHANNEL, LP_LPQ_ANCHOR, "translate", &p8, &err) == 0);
+    CHECK(lp_quad_build_profile(e.m, &one, 1, &e.acts, 4, LP_LPQ_PER_CHANNEL, LP_LPQ_ANCHOR, "translate", &p4, &err) == 0);
+    CHECK(lp_quad_build_profile(e.m, &one, 1, &e.acts, 4, LP_LPQ_PER_TENSOR, LP_LPQ_ANCHOR, "translate", &p4t, &err) == 0);
+    CHECK(lp_quad_qss(e.tm, &e.bb.batch, &p8, &q8, &err) == 0);
+    CHECK(lp_quad_qss(e.tm, &e.bb.batch, &p4, &q4, &err) == 0);
+    CHECK(lp_quad_qss(e.tm, &e.bb.batch, &p4t, &q4t, &err) == 0);
+    fprintf(stderr, "QSS translate: fp %g, 8-bit/channel %g, 4-bit/channel %g, 4-bit/tensor %g\n", q0, q8, q4, q4t);
+    CHECK(q8 > 0 && q4 > q8 && q4t > q4);
+    /* the QSS leaves the model's weights as they were */
+    double q8b = -1;
+    CHECK(lp_quad_qss(e.tm, &e.bb.batch, &p8, &q8b, &err) == 0 && q8b == q8);
+    lp_lpq_release(&p8);
+    lp_lpq_release(&p4);
+    lp_lpq_release(&p4t);
+    env_close(&e);
+}
+
+static uint64_t hash_floats(const float *p, size_t n) { return lp_lpa_hash(LP_LPA_HASH_SEED, p, n * sizeof(float)); }
+
+/* The student (trainer, f32 base, the branch under the profile) against the
+ * runtime with the adapter's codes bound under the same profile: the LoRA
+ * branch is the same function on the same codes, the base matmuls differ
+ * in summation order only. */
+static void test_student_vs_runtime(void) {
+    lp_error err;
+    student_env e;
+    CHECK_MSG(env_open(&e, "correct", 0, 1, &err) == 0, "%s", err.message);
+    const lp_quad_lora *one = &e.fp;
+    lp_lpq p;
+    CHECK(lp_quad_build_profile(e.m, &one, 1, &e.acts, 8, LP_LPQ_PER_CHANNEL, LP_LPQ_ANCHOR, "correct", &p, &err) == 0);
+    char dir[] = "/tmp/lp_quadst_XXXXXX", qpath[256], apath[256];
+    CHECK(mkdtemp(dir) != NULL);
+    snprintf(qpath, sizeof qpath, "%s/p.lpq", dir);
+    snprintf(apath, sizeof apath, "%s/a.lpa", dir);
+    CHECK(lp_lpq_write(qpath, &p, &err) == 0 && lp_quad_write_adapter(apath, e.m, &p, &e.fp, &err) == 0);
+    /* student forward on one record */
+    lp_train_quad *q = lp_train_quad_create(e.tm, &err);
+    size_t lora_n = e.tm->group_size[lp_train_group_index(LP_TRAIN_LORA)];
+    float *keep = malloc(lora_n * sizeof(float));
+    CHECK(q && lp_train_quad_set_profile(q, e.tm, &p, &err) == 0 && lp_train_quad_begin(q, e.tm, keep, &err) == 0);
+    e.tm->quad = q;
+    const lp_train_example *ex = &e.d.ex[0];
+    int n = ex->n - 1 < 64 ? ex->n - 1 : 64;
+    lp_train_batch b = {.B = 1, .T = n, .inputs = ex->ids, .targets = ex->ids + 1};
+    CHECK(!isnan(lp_train_forward(e.tm, &b, &err)));
+    lp_train_restore_lora(e.tm, keep);
+    e.tm->quad = NULL;
+    /* runtime: the same tokens, one batch */
+    lp_profile *pf = lp_profile_load(e.m, qpath, &err);
+    lp_adapter *qa = lp_adapter_load(e.m, apath, 1.0f, &err);
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = 1;
+    cp.max_rows = 64;
+    cp.max_sequences = 1;
+    cp.n_ctx = 128;
+    cp.max_adapters = 1;
+    cp.kv_f32 = true;
+    lp_context *ctx = lp_context_create(e.m, &cp, &err);
+    CHECK(pf && qa && ctx && lp_context_bind_profile(ctx, pf, &err) == 0 && lp_context_bind_adapter(ctx, 1, qa, &err) == 0);
+    lp_row rows[64];
+    for (int i = 0; i < n; i++)
+        rows[i] = (lp_row){.token = ex->ids[i], .pos = i, .seq = 0, .adapter = 1, .parent = i ? i - 1 : -1,
+                           .logits = true, .commit = true};
+    CHECK(lp_forward(ctx, rows, n, &err) == 0);
+    double maxd = 0;
+    int agree = 0, V = e.m->hp.n_vocab;
+    for (int i = 0; i < n; i++) {
+        const float *zr = lp_logits(ctx, i), *zt = lp_train_logits(e.tm, i);
+        int ar = 0, at = 0;
+        for (int v = 0; v < V; v++) {
+            double d = fabs((double)zr[v] - zt[v]);
+            if (d > maxd) maxd = d;
+            if (zr[v] > zr[ar]) ar = v;
+            if (zt[v] > zt[at]) at = v;
+        }
+        agree += ar == at;
+    }
+    fprintf(stderr, "student vs runtime under the profile: %d positions, max |dlogit| %g, argmax agree %d/%d\n", n, maxd,
+            agree, n);
+    /* stated bound: 1e-3 (measured 1e-5: float summation order; a shrink-output code
+     * flipped by it would move a logit by about 0.01) */
+    CHECK_MSG(maxd < 1e-3, "max |dlogit| %g", maxd);
+    CHECK(agree == n);
+    lp_context_free(ctx);
+    lp_adapter_free(qa);
+    lp_profile_free(pf);
+    lp_train_quad_free(q);
+    free(keep);
+    remove(qpath);
+    remove(apath);
+    rmdir(dir);
+    lp_lpq_release(&p);
+    env_close(&e);
+}
+
+/* Distillation on a fixed batch under a coarse profile (4-bit per tensor,
+ * fallback from two adapters): the KL falls, the base stays bit-identical,
+ * and two runs with one seed give the same weights. */
+static double kd_run(int steps, uint64_t *base_before, uint64_t *base_after, uint64_t *lora_after, double *kl0) {
+    lp_error err;
+    student_env e, o;
+    if (env_open(&e, "style-polite", LP_TRAIN_LORA, 2, &err) || env_open(&o, "style-terse", 0, 2, &err)) {
+        fprintf(stderr, "%s\n", err.message);
+        return NAN;
+    }
+    const lp_quad_lora *two[2] = {&e.fp, &o.fp};
+    lp_quad_acts_union(&e.acts, &o.acts);
+    lp_lpq p;
+    lp_quad_build_profile(e.m, two, 2, &e.acts, 4, LP_LPQ_PER_TENSOR, LP_LPQ_FALLBACK, "", &p, &err);
+    /* teacher = the FP32 model itself before training */
+    size_t N = (size_t)e.bb.batch.B * (size_t)e.bb.batch.T, V = (size_t)e.m->hp.n_vocab;
+    float *probs = malloc(N * V * sizeof(float));
+    lp_train_forward(e.tm, &e.bb.batch, &err);
+    for (size_t n = 0; n < N; n++) {
+        const float *z = lp_train_logits(e.tm, (int)n);
+        float mx = z[0];
+        for (size_t v = 1; v < V; v++) mx = z[v] > mx ? z[v] : mx;
+        double sum = 0;
+        for (size_t v = 0; v < V; v++) sum += exp((double)z[v] - mx);
+        for (size_t v = 0; v < V; v++) probs[n * V + v] = (float)(exp((double)z[v] - mx) / sum);
+    }
+    int gb = lp_train_group_index(LP_TRAIN_BASE), gl = lp_train_group_index(LP_TRAIN_LORA);
+    *base_before = hash_floats(e.tm->group[gb], e.tm->group_size[gb]);
+    lp_train_quad *q = lp_train_quad_create(e.tm, &err);
+    lp_train_quad_set_profile(q, e.tm, &p, &err);
+    lp_train_quad_base_act_q8(q, true);
+    e.tm->quad = q;
+    float *keep = malloc(e.tm->group_size[gl] * sizeof(float));
+    lp_adamw opt;
+    lp_adamw_config ac = lp_adamw_default();
+    ac.lr = 1e-3f;
+    ac.min_lr = 1e-3f;
+    ac.warmup = 0;
+    ac.total_steps = steps;
+    ac.weight_decay = 0;
+    lp_adamw_init(&opt, e.tm, &ac, &err);
+    e.bb.batch.teacher = probs;
+    e.bb.batch.kd_weight = 1.0f;
+    double kl = NAN;
+    for (int s = 0; s <= steps; s++) {
+        lp_train_quad_begin(q, e.tm, keep, &err);
+        lp_train_forward(e.tm, &e.bb.batch, &err);
+        kl = lp_train_last_kl(e.tm);
+        if (s == 0) *kl0 = kl;
+        if (s == steps) {
+            lp_train_restore_lora(e.tm, keep);
+            break;
+        }
+        lp_train_zero_grad(e.tm);
+        lp_train_backward(e.tm, &e.bb.batch);
+        lp_train_restore_lora(e.tm, keep);
+        lp_adamw_step(&opt, e.tm);
+    }
+    *base_after = hash_floats(e.tm->group[gb], e.tm->group_size[gb]);
+    *lora_after = hash_floats(e.tm->group[gl], e.tm->group_size[gl]);
+    lp_adamw_free(&opt);
+    free(keep);
+    free(probs);
+    lp_train_quad_free(q);
+    lp_lpq_release(&p);
+    env_close(&o);
+    env_close(&e);
+    return kl;
+}
+
+static void test_distillation(void) {
+    uint64_t b0, b1, l1, c0, c1, l2;
+    double kl0 = NAN, kl0b = NAN;
+    double kl = kd_run(8, &b0, &b1, &l1, &kl0);
+    fprintf(stderr, "distillation on a fixed batch: KL %g -> %g after 8 steps\n", kl0, kl);
+    CHECK(kl0 > 0 && kl < 0.7 * kl0);
+    CHECK(b0 == b1);
+    double klb = kd_run(8, &c0, &c1, &l2, &kl0b);
+    CHECK(klb == kl && l1 == l2 && c0 == b0);
+}
+
 int main(void) {
     test_format();
     test_kernel();
     test_runtime();
+    test_qss();
+    test_student_vs_runtime();
+    test_distillation();
     return check_summary("test_quad");
 }

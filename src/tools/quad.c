@@ -7,6 +7,8 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include <cjson/cJSON.h>
+
 #include "../formats/lpa.h"
 
 void lp_quad_lora_free(lp_quad_lora *q) {
@@ -153,4 +155,171 @@ int lp_quad_write_adapter(const char *path, const lp_model *base, const lp_lpq *
     free(blocks);
     free(es);
     return rc;
+}
+
+/* ---- profiles ------------------------------------------------------------------------ */
+
+int lp_quad_acts_init(lp_quad_acts *a, int n, lp_error *err) {
+    memset(a, 0, sizeof *a);
+    a->n_weights = n;
+    float **f[4] = {&a->x_lo, &a->x_hi, &a->t_lo, &a->t_hi};
+    for (int i = 0; i < 4; i++)
+        if (!(*f[i] = malloc((size_t)(n ? n : 1) * sizeof(float)))) {
+            lp_quad_acts_free(a);
+            return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+        }
+    for (int w = 0; w < n; w++) {
+        a->x_lo[w] = a->t_lo[w] = INFINITY;
+        a->x_hi[w] = a->t_hi[w] = -INFINITY;
+    }
+    return 0;
+}
+
+void lp_quad_acts_free(lp_quad_acts *a) {
+    free(a->x_lo);
+    free(a->x_hi);
+    free(a->t_lo);
+    free(a->t_hi);
+    memset(a, 0, sizeof *a);
+}
+
+void lp_quad_acts_union(lp_quad_acts *d, const lp_quad_acts *s) {
+    for (int w = 0; w < d->n_weights && w < s->n_weights; w++) {
+        d->x_lo[w] = fminf(d->x_lo[w], s->x_lo[w]);
+        d->x_hi[w] = fmaxf(d->x_hi[w], s->x_hi[w]);
+        d->t_lo[w] = fminf(d->t_lo[w], s->t_lo[w]);
+        d->t_hi[w] = fmaxf(d->t_hi[w], s->t_hi[w]);
+    }
+}
+
+static int cmp_lpq_entry(const void *x, const void *y) {
+    return strcmp(((const lp_lpq_entry *)x)->tensor, ((const lp_lpq_entry *)y)->tensor);
+}
+
+static int profile_entry(const lp_model *base, int w, const lp_quad_lora *const *fps, int n, const lp_quad_acts *acts,
+                         int qmax, bool chan, lp_lpq_entry *e, lp_error *err) {
+    int rank = fps[0]->rank[w];
+    snprintf(e->tensor, sizeof e->tensor, "%s", base->weights[w].name);
+    e->rank = (uint32_t)rank;
+    e->in = (uint32_t)base->weights[w].w->cols;
+    e->out = (uint32_t)base->weights[w].w->rows;
+    e->na = chan ? e->rank : 1;
+    e->nb = chan ? e->out : 1;
+    e->a = malloc(e->na * sizeof *e->a);
+    e->b = malloc(e->nb * sizeof *e->b);
+    float *lo = malloc((e->na + e->nb) * sizeof(float)), *hi = malloc((e->na + e->nb) * sizeof(float));
+    if (!e->a || !e->b || !lo || !hi) {
+        free(lo);
+        free(hi);
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    }
+    for (uint32_t c = 0; c < e->na + e->nb; c++) lo[c] = INFINITY, hi[c] = -INFINITY;
+    for (int k = 0; k < n; k++) {
+        lp_quad_ranges(fps[k]->A[w], rank, (int)e->in, (int)e->na, lo, hi);
+        lp_quad_ranges(fps[k]->B[w], (int)e->out, rank, (int)e->nb, lo + e->na, hi + e->na);
+    }
+    for (uint32_t c = 0; c < e->na; c++) e->a[c] = lp_qenc_from_range(lo[c], hi[c], qmax);
+    for (uint32_t c = 0; c < e->nb; c++) e->b[c] = lp_qenc_from_range(lo[e->na + c], hi[e->na + c], qmax);
+    free(lo);
+    free(hi);
+    e->x = lp_qenc_from_range(acts->x_lo[w], acts->x_hi[w], 255);
+    e->t = lp_qenc_from_range(acts->t_lo[w], acts->t_hi[w], 255);
+    return 0;
+}
+
+int lp_quad_build_profile(const lp_model *base, const lp_quad_lora *const *fps, int n, const lp_quad_acts *acts,
+                          int bits, int granularity, int strategy, const char *anchor, lp_lpq *out,
+                          lp_error *err) {
+    memset(out, 0, sizeof *out);
+    if (n < 1 || (bits != 8 && bits != 4)) return lp_fail(err, "a profile needs adapters and 8 or 4 bits");
+    for (int k = 1; k < n; k++)
+        for (int w = 0; w < base->n_weights; w++)
+            if (fps[k]->rank[w] != fps[0]->rank[w])
+                return lp_fail(err, "%s and %s adapt %s differently (rank %d vs %d): one profile needs one "
+                               "shape", fps[0]->name, fps[k]->name, base->weights[w].name, fps[0]->rank[w],
+                               fps[k]->rank[w]);
+    out->weight_bits = (uint32_t)bits;
+    out->act_bits = 8;
+    out->granularity = (uint32_t)granularity;
+    out->strategy = (uint32_t)strategy;
+    out->base_fingerprint = lp_model_fingerprint(base);
+    snprintf(out->anchor, sizeof out->anchor, "%s", anchor ? anchor : "");
+    out->entries = calloc((size_t)base->n_weights + 1, sizeof *out->entries);
+    if (!out->entries) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    for (int w = 0; w < base->n_weights; w++) {
+        if (!fps[0]->rank[w]) continue;
+        lp_lpq_entry *e = &out->entries[out->n_entries++];
+        if (profile_entry(base, w, fps, n, acts, (1 << bits) - 1, granularity == LP_LPQ_PER_CHANNEL, e, err)) {
+            lp_lpq_release(out);
+            return -1;
+        }
+    }
+    qsort(out->entries, out->n_entries, sizeof *out->entries, cmp_lpq_entry); /* as files hold them (lp_lpq_find) */
+    return 0;
+}
+
+/* ---- AIMET encodings JSON ----------------------------------------------------------------- */
+
+/* One AIMET encoding: offset = -zero, min = offset * scale, max = (qmax +
+ * offset) * scale, unsigned codes (is_symmetric "False", as AIMET writes
+ * booleans in this file). */
+static cJSON *aimet_encoding(lp_qenc e, int bits) {
+    cJSON *o = cJSON_CreateObject();
+    if (!o) return NULL;
+    int qmax = (1 << bits) - 1, offset = -e.zero;
+    cJSON_AddNumberToObject(o, "bitwidth", bits);
+    cJSON_AddStringToObject(o, "dtype", "int");
+    cJSON_AddStringToObject(o, "is_symmetric", "False");
+    cJSON_AddNumberToObject(o, "max", (double)e.scale * (double)(qmax + offset));
+    cJSON_AddNumberToObject(o, "min", (double)e.scale * (double)offset);
+    cJSON_AddNumberToObject(o, "offset", offset);
+    cJSON_AddNumberToObject(o, "scale", (double)e.scale);
+    return o;
+}
+
+static bool add_encodings(cJSON *parent, const char *name, const lp_qenc *e, uint32_t n, int bits) {
+    cJSON *list = cJSON_AddArrayToObject(parent, name);
+    if (!list) return false;
+    for (uint32_t i = 0; i < n; i++) {
+        cJSON *o = aimet_encoding(e[i], bits);
+        if (!o || !cJSON_AddItemToArray(list, o)) return false;
+    }
+    return true;
+}
+
+/* "blk.3.attn_q.weight" -> "blk.3.attn_q" */
+static void stem(const char *tensor, char *out, size_t cap) {
+    size_t n = strlen(tensor);
+    if (n > 7 && !strcmp(tensor + n - 7, ".weight")) n -= 7;
+    snprintf(out, cap, "%.*s", (int)n, tensor);
+}
+
+int lp_quad_export_aimet(const lp_lpq *q, const char *path, lp_error *err) {
+    cJSON *root = cJSON_CreateObject();
+    cJSON *acts = root ? cJSON_AddObjectToObject(root, "activation_encodings") : NULL;
+    cJSON *params = root ? cJSON_AddObjectToObject(root, "param_encodings") : NULL;
+    bool ok = acts && params && cJSON_AddArrayToObject(root, "excluded_layers") &&
+              cJSON_AddStringToObject(root, "version", "0.6.1");
+    for (uint32_t i = 0; ok && i < q->n_entries; i++) {
+        const lp_lpq_entry *e = &q->entries[i];
+        char base[LP_LPQ_TENSOR_BYTES], name[LP_LPQ_TENSOR_BYTES + 16];
+        stem(e->tensor, base, sizeof base);
+        snprintf(name, sizeof name, "%s.lora_A", base);
+        ok = add_encodings(params, name, e->a, e->na, (int)q->weight_bits);
+        snprintf(name, sizeof name, "%s.lora_B", base);
+        ok = ok && add_encodings(params, name, e->b, e->nb, (int)q->weight_bits);
+        snprintf(name, sizeof name, "%s.lora_x", base);
+        ok = ok && add_encodings(acts, name, &e->x, 1, (int)q->act_bits);
+        snprintf(name, sizeof name, "%s.lora_t", base);
+        ok = ok && add_encodings(acts, name, &e->t, 1, (int)q->act_bits);
+    }
+    char *text = ok ? cJSON_Print(root) : NULL;
+    cJSON_Delete(root);
+    if (!text) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory building the JSON", path);
+    FILE *f = fopen(path, "w");
+    bool wrote = f && fputs(text, f) >= 0 && fputc('\n', f) != EOF;
+    wrote = f && fclose(f) == 0 && wrote;
+    cJSON_free(text);
+    if (!wrote) return lp_error_set(err, LP_ERR_IO, "%s: cannot write", path);
+    return 0;
 }

@@ -36,4 +36,30 @@ int lp_quad_write_adapter(const char *path, const lp_model *base, const lp_lpq *
  * encodings (what the codes stand for). */
 void lp_quad_fake_quantize(lp_quad_lora *fp, const lp_lpq *profile);
 
+/* Observed LoRA-branch activation ranges, by weight id: the shrink's input
+ * x and output t = x A^T. */
+typedef struct lp_quad_acts {
+    int n_weights;
+    float *x_lo, *x_hi, *t_lo, *t_hi;
+} lp_quad_acts;
+
+int lp_quad_acts_init(lp_quad_acts *a, int n_weights, lp_error *err);
+void lp_quad_acts_free(lp_quad_acts *a);
+/* dst widened to hold src. */
+void lp_quad_acts_union(lp_quad_acts *dst, const lp_quad_acts *src);
+
+/* A profile for `base`: the weight encodings from the min / max of every
+ * adapter in fps[0..n) together at each tensor position (per tensor or per
+ * output channel), the activation encodings from `acts`; bits 8 or 4.
+ * Every adapter must adapt the same weights with the same ranks. */
+int lp_quad_build_profile(const lp_model *base, const lp_quad_lora *const *fps, int n, const lp_quad_acts *acts,
+                          int bits, int granularity, int strategy, const char *anchor, lp_lpq *out,
+                          lp_error *err);
+
+/* Writes the profile in Qualcomm AIMET's encodings JSON layout (docs/quad.md):
+ * param_encodings for "<weight>.lora_A" / ".lora_B" (one encoding per
+ * channel or one per tensor), activation_encodings for "<weight>.lora_x"
+ * (the shrink's input) and "<weight>.lora_t" (its output). */
+int lp_quad_export_aimet(const lp_lpq *profile, const char *path, lp_error *err);
+
 #endif
