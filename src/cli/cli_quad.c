@@ -29,7 +29,7 @@ static void quad_usage(FILE *out) {
             "                             [--export-encodings aimet.json]\n"
             "       loraplex quad fit --base M --profile shared.lpq --adapter B.lpa --data train.jsonl\n"
             "                         -o B-quad.lpa [--deploy Q.lpx] [--student-acts q8|f32]\n"
-            "                         [--steps 100] [--lr 2e-3] [--kd-weight 0.5] [--seed 1]\n"
+            "                         [--steps 100] [--lr 2e-4] [--kd-weight 0.5] [--seed 1]\n"
             "                         [--batch 8] [--seq 128] [--eval E.jsonl] [--eval-every 25]\n"
             "                         [--threads N]\n"
             "       loraplex quad export --profile shared.lpq --export-encodings aimet.json\n"
@@ -143,6 +143,7 @@ static int parse_adapters(const char *list, named_adapter *out, int *n) {
         memset(a, 0, sizeof *a);
         snprintf(a->name, sizeof a->name, "%.*s", (int)(eq - s), s);
         char *path = malloc(len - (size_t)(eq - s));
+        if (!path) return -1;
         snprintf(path, len - (size_t)(eq - s), "%.*s", (int)(len - (size_t)(eq - s) - 1), eq + 1);
         a->path = path;
         s += len + (comma ? 1 : 0);
@@ -340,7 +341,7 @@ static int do_fit(int argc, char **argv) {
     const char *base_path = NULL, *deploy_path = NULL, *prof_path = NULL, *ad_path = NULL, *data = NULL,
                *eval_path = NULL, *out = NULL, *acts_s = NULL;
     long steps = 100, seed = 1, batch = 8, seq = 128, eval_every = 25, threads = 0;
-    double lr = 2e-3, kd = 0.5;
+    double lr = 2e-4, kd = 0.5;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
         const char **str = !strcmp(a, "--base") || !strcmp(a, "-m") ? &base_path
