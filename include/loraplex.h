@@ -280,6 +280,25 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *adapter
                             lp_error *err);
 /* The adapter bound to a slot (NULL: none; slot 0 is always the base). */
 const lp_adapter *lp_context_slot_adapter(const lp_context *ctx, int slot);
+
+/* ---- shared quantization profiles (QUAD, docs/quad.md) ------------------------ */
+
+/* One set of quantization encodings for every adapter of a base (.lpq,
+ * `loraplex quad profile`): adapters quantized under it (`loraplex quad fit`)
+ * store integer codes only and run with static activation encodings. */
+typedef struct lp_profile lp_profile;
+lp_profile *lp_profile_load(const lp_model *model, const char *path, lp_error *err);
+void lp_profile_free(lp_profile *profile);
+uint64_t lp_profile_id(const lp_profile *profile);
+/* Weight bits of its codes (8 or 4). */
+int lp_profile_bits(const lp_profile *profile);
+/* Binds the profile to the context, once (the profile must outlive it);
+ * afterwards lp_context_bind_adapter takes adapters quantized under it (and
+ * plain ones). An adapter under another profile, or under one while none is
+ * bound, is refused with a message naming both ids. */
+int lp_context_bind_profile(lp_context *ctx, const lp_profile *profile, lp_error *err);
+/* 0 if the adapter can run under the profile (NULL: none bound). */
+int lp_profile_check_adapter(const lp_profile *profile, const lp_adapter *adapter, lp_error *err);
 /* Slots besides the base (max_adapters). */
 int lp_context_n_slots(const lp_context *ctx);
 

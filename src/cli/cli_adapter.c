@@ -51,6 +51,9 @@ static void print_info(const lp_adapter *a, const char *path) {
     printf("weights:    %d adapted\n", a->n_pairs);
     printf("max rank:   %d\n", a->max_rank);
     printf("bytes:      %llu\n", (unsigned long long)a->bytes);
+    if (a->profile_id)
+        printf("profile:    %016llx (codes of a shared quantization profile, docs/quad.md)\n",
+               (unsigned long long)a->profile_id);
     printf("targets:   ");
     for (int i = 0; i < a->n_pairs; i++) {
         char shape[96], other[96];
@@ -69,7 +72,7 @@ static void print_info(const lp_adapter *a, const char *path) {
     for (int i = 0; i < a->n_pairs; i++) {
         const lp_lora_pair *pr = &a->pairs[i];
         printf("%-40s %-5d %-11.6g %-5s %-6lld %lld\n", pr->name, pr->rank, (double)pr->scale,
-               lp_dtype_name(pr->A.type), (long long)pr->A.cols, (long long)pr->B.rows);
+               a->profile_id ? "codes" : lp_dtype_name(pr->A.type), (long long)pr->A.cols, (long long)pr->B.rows);
     }
 }
 

@@ -39,6 +39,7 @@ int cli_kernels_line(char *buf, size_t cap, lp_error *err); /* cli_model.c */
 
 typedef struct bench_options {
     const char *model, *adapters, *svg;
+    const char *profile;   /* --profile: a QUAD shared profile bound before the adapters */
     int prompt, n_gen, reps;
     int threads[MAX_LIST], n_threads;
     int streams[MAX_LIST], n_streams;
@@ -419,6 +420,7 @@ static int bench_speed(const bench_options *o) {
 
 typedef struct bench_env {
     lp_model *model;
+    lp_profile *profile;
     lp_adapter *adapters[MAX_BENCH_ADAPTERS];
     const char *adapter_paths[MAX_BENCH_ADAPTERS];
     int n_adapters;
@@ -429,6 +431,7 @@ typedef struct bench_env {
 
 static void env_free(bench_env *e) {
     for (int i = 0; i < e->n_adapters; i++) lp_adapter_free(e->adapters[i]);
+    lp_profile_free(e->profile);
     lp_model_free(e->model);
     free(e->adapter_list);
 }
@@ -438,6 +441,7 @@ static int env_load(bench_env *e, const bench_options *o, lp_error *err) {
     double t0 = lp_now_seconds();
     if (!(e->model = lp_model_load(o->model, NULL, err))) return lp_fail_prefix(err, "%s", o->model);
     e->load_ms = (lp_now_seconds() - t0) * 1e3;
+    if (o->profile && !(e->profile = lp_profile_load(e->model, o->profile, err))) return -1;
     if (!o->adapters) return 0;
     if (!(e->adapter_list = strdup(o->adapters))) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     double ms[MAX_BENCH_ADAPTERS];
@@ -459,6 +463,7 @@ static int env_load(bench_env *e, const bench_options *o, lp_error *err) {
 }
 
 static int bind_first(lp_context *ctx, bench_env *e, int k, int max_slots, lp_error *err) {
+    if (e->profile && lp_context_bind_profile(ctx, e->profile, err)) return -1;
     for (int s = 1; s <= max_slots; s++)
         if (lp_context_bind_adapter(ctx, s, s <= k ? e->adapters[s - 1] : NULL, err)) return -1;
     return 0;
@@ -602,6 +607,10 @@ static int bench_streams(const bench_options *o) {
     cp.max_adapters = e.n_adapters > 0 ? e.n_adapters : 1;
     if (!(ctx = lp_context_create(e.model, &cp, &err))) {
         rc = cli_fail("context", &err);
+        goto out;
+    }
+    if (e.profile && lp_context_bind_profile(ctx, e.profile, &err)) {
+        rc = cli_fail(o->profile, &err);
         goto out;
     }
     for (int i = 0; i < e.n_adapters; i++)
@@ -999,6 +1008,7 @@ static int parse_bench(int argc, char **argv, bench_options *o) {
             return 1;
         } else if (!strcmp(a, "-m") || !strcmp(a, "--model")) { VALUE(); o->model = v; }
         else if (!strcmp(a, "--adapters")) { VALUE(); o->adapters = v; }
+        else if (!strcmp(a, "--profile")) { VALUE(); o->profile = v; }
         else if (!strcmp(a, "--svg")) { VALUE(); o->svg = v; }
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--adapter-modes")) o->adapter_modes = true;

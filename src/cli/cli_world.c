@@ -137,6 +137,7 @@ typedef struct eval_opts {
     int max_records, threads, batch, max_new;
     bool base, json;
     const char *only_tasks;  /* comma-separated, NULL = all */
+    const char *profile;     /* QUAD shared profile bound to each model's context, or NULL */
 } eval_opts;
 
 static void eval_usage(FILE *out) {
@@ -154,7 +155,9 @@ static void eval_usage(FILE *out) {
             "  --batch N       sequences decoded together (default 16)\n"
             "  --max-new N     generated tokens per record at most (default 96)\n"
             "  -t N            threads (default: all cores)\n"
-            "  --json          JSON on stdout instead of a table\n");
+            "  --json          JSON on stdout instead of a table\n"
+            "  --profile P.lpq bind this shared quantization profile (adapters made by\n"
+            "                  `loraplex quad fit` / `quad ptq` need theirs; docs/quad.md)\n");
 }
 
 static char *trim(char *s) {
@@ -326,6 +329,7 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     lp_model *model = lp_model_load(path, NULL, err);
     if (!model) return -1;
     lp_adapter *adapters[32] = {0};
+    lp_profile *profile = NULL;
     lp_context *ctx = NULL;
     record_out *outs = NULL;
     int32_t *tokens = NULL;
@@ -341,6 +345,9 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     cp.max_adapters = o->n_adapters > 0 ? o->n_adapters : 1;
     ctx = lp_context_create(model, &cp, err);
     if (!ctx) goto done;
+    if (o->profile && (!(profile = lp_profile_load(model, o->profile, err)) ||
+                       lp_context_bind_profile(ctx, profile, err) != 0))
+        goto done;
     for (int i = 0; i < o->n_adapters; i++) {
         adapters[i] = lp_adapter_load(model, o->adapter_path[i], 1.0f, err);
         if (!adapters[i]) {
@@ -415,6 +422,7 @@ done:
     free(tokens);
     lp_context_free(ctx);
     for (int i = 0; i < o->n_adapters; i++) lp_adapter_free(adapters[i]);
+    lp_profile_free(profile);
     lp_model_free(model);
     return rc;
 }
@@ -531,6 +539,7 @@ int cli_eval_tasks(int argc, char **argv) {
         else if (!strcmp(a, "--data")) o.data_dir = v;
         else if (!strcmp(a, "--adapters")) o.adapter_spec = strdup(v);
         else if (!strcmp(a, "--tasks")) o.only_tasks = v;
+        else if (!strcmp(a, "--profile")) o.profile = v;
         else if (!strcmp(a, "--max")) {
             if (!cli_int(a, v, 1, 10000000, &n)) return 2;
             o.max_records = (int)n;

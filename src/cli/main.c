@@ -31,6 +31,7 @@ static void usage(FILE *out) {
             "  synth     write a random model of a real shape (loraplex synth --preset NAME -o OUT)\n"
             "  forecast-random  random forecast embeddings (.lpf) for run --speculate (tests, baseline)\n"
             "  train-forecast   train forecast embeddings by self-distillation (see --help)\n"
+            "  quad      QUAD shared quantization profile for all adapters (loraplex quad --help)\n"
             "\nrun 'loraplex COMMAND --help' for a command's options.\n",
             LORAPLEX_VERSION);
 }
@@ -66,6 +67,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "forecast-random")) return cli_forecast_random(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-forecast")) return cli_train_forecast(argc - 1, argv + 1);
+    if (!strcmp(cmd, "quad")) return cli_quad(argc - 1, argv + 1);
     fprintf(stderr, "loraplex: unknown command '%s'\n\n", cmd);
     usage(stderr);
     return 2;

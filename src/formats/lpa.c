@@ -33,7 +33,10 @@ static size_t elem_size(uint32_t dtype) { return dtype == LP_F16 ? 2 : 4; }
 static uint64_t align64(uint64_t x) { return (x + LP_LPA_ALIGN - 1) & ~(uint64_t)(LP_LPA_ALIGN - 1); }
 
 static bool is_packed(uint32_t dtype) { return dtype == LP_W8 || dtype == LP_W4; }
-static bool valid_dtype(uint32_t dtype) { return dtype == LP_F32 || dtype == LP_F16 || is_packed(dtype); }
+static bool is_codes(uint32_t dtype) { return dtype == LP_LPA_Q8 || dtype == LP_LPA_Q4; }
+static bool valid_dtype(uint32_t dtype) {
+    return dtype == LP_F32 || dtype == LP_F16 || is_packed(dtype) || is_codes(dtype);
+}
 
 /* Bytes of a W8/W4 packed rows x cols matrix (cols a multiple of 32): per
  * 16-row panel and 32-column group, 16 f16 scales and 16 x 32 codes of 8 or
@@ -47,6 +50,9 @@ static bool packed_bytes(uint32_t dtype, uint64_t rows, uint64_t cols, size_t *b
 /* Bytes of A (rank x in) and B (out x rank; packed: out x round32(rank));
  * false on overflow or a shape W8/W4 cannot hold. */
 static bool block_bytes(const lp_lpa_entry *e, size_t *a_bytes, size_t *b_bytes) {
+    if (is_codes(e->dtype))
+        return lp_mul_ok(e->rank, lp_lpa_code_row_bytes(e->dtype, e->in), a_bytes) &&
+               lp_mul_ok(e->out, lp_lpa_code_row_bytes(e->dtype, e->rank), b_bytes);
     if (is_packed(e->dtype))
         return packed_bytes(e->dtype, e->rank, e->in, a_bytes) &&
                packed_bytes(e->dtype, e->out, ((uint64_t)e->rank + 31) & ~31ull, b_bytes);
@@ -71,6 +77,7 @@ static void v1_shape(const lp_lpa_base *b, uint32_t proj, uint64_t *in, uint64_t
 }
 
 static size_t entry_bytes(uint32_t version) {
+    /* version 3 has version 2's entries */
     return version == 1 ? LP_LPA_V1_ENTRY_BYTES : LP_LPA_ENTRY_BYTES;
 }
 
@@ -95,9 +102,9 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
                        LP_LPA_HEADER_BYTES);
     if (memcmp(p, LP_LPA_MAGIC, 4) != 0) return lp_fail(err, "%s: not an .lpa file (bad magic)", what);
     uint32_t version = lp_le_get_u32(p + 4);
-    if (version != 1 && version != LP_LPA_VERSION)
-        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads 1 and %d)", what,
-                       version, LP_LPA_VERSION);
+    if (version < 1 || version > LP_LPA_VERSION_PROFILE)
+        return lp_fail(err, "%s: .lpa version %u is not supported (this build reads 1 to %d)", what,
+                       version, LP_LPA_VERSION_PROFILE);
     out->version = version;
     uint64_t file_bytes = lp_le_get_u64(p + 8);
     if (file_bytes != size)
@@ -134,7 +141,12 @@ static int parse_header(const uint8_t *p, size_t size, const char *what, lp_lpa 
     if (*data_start != expect_start || *data_start > size)
         return lp_fail(err, "%s: data_start %llu is wrong (expected %llu within %zu bytes)", what,
                        (unsigned long long)*data_start, (unsigned long long)expect_start, size);
-    for (int i = 88; i < 128; i++)
+    out->profile_id = lp_le_get_u64(p + 88);
+    if ((version == LP_LPA_VERSION_PROFILE) != (out->profile_id != 0))
+        return lp_fail(err, "%s: %s", what, version == LP_LPA_VERSION_PROFILE
+                                                ? "version 3 file without a profile id"
+                                                : "reserved header bytes 88..95 are not zero");
+    for (int i = 96; i < 128; i++)
         if (p[i]) return lp_fail(err, "%s: reserved header byte %d is not zero", what, i);
     if (check_name(p + 128, out->name, what, "name", err) ||
         check_name(p + 384, out->base_name, what, "base_name", err))
@@ -247,8 +259,12 @@ static int parse_entries(const uint8_t *p, size_t size, uint64_t data_start, con
             return lp_fail(err, "%s: %s: rank %u out of range 1..%llu", what, pn, e->rank,
                            (unsigned long long)max_rank);
         if (!valid_dtype(e->dtype))
-            return lp_fail(err, "%s: %s: dtype %u is not F32 (0), F16 (1), W4 (64) or W8 (65)", what, pn,
-                           e->dtype);
+            return lp_fail(err, "%s: %s: dtype %u is not F32 (0), F16 (1), W4 (64), W8 (65), Q8 (80) "
+                           "or Q4 (81)", what, pn, e->dtype);
+        if (is_codes(e->dtype) != (out->version == LP_LPA_VERSION_PROFILE))
+            return lp_fail(err, "%s: %s: %s", what, pn, is_codes(e->dtype)
+                               ? "profile codes (Q8/Q4) in a file without a profile id"
+                               : "a file under a profile holds Q8/Q4 codes only");
         if (!isfinite(e->scale)) return lp_fail(err, "%s: %s: scale is not finite", what, pn);
         size_t a_bytes, b_bytes, a_end, b_end;
         if (!block_bytes(e, &a_bytes, &b_bytes))
@@ -325,6 +341,16 @@ static bool write_block(FILE *f, const void *data, size_t n, uint64_t *h) {
 
 int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
                  const char *base_name, const lp_lpa_entry *entries, uint32_t n, lp_error *err) {
+    return lp_lpa_write_profiled(path, base, name, base_name, 0, entries, n, err);
+}
+
+int lp_lpa_write_profiled(const char *path, const lp_lpa_base *base, const char *name,
+                          const char *base_name, uint64_t profile_id, const lp_lpa_entry *entries,
+                          uint32_t n, lp_error *err) {
+    for (uint32_t i = 0; i < n; i++)
+        if (is_codes(entries[i].dtype) != (profile_id != 0))
+            return lp_fail(err, "%s: entry '%.*s': profile codes go with a profile id, and only them", path,
+                           (int)strnlen(entries[i].tensor, LP_LPA_TENSOR_BYTES), entries[i].tensor);
     if (n > LP_LPA_MAX_ENTRIES) return lp_fail(err, "%s: too many adapter entries (%u)", path, n);
     lp_lpa_entry *es = calloc(n ? n : 1, sizeof *es);
     size_t table_end = LP_LPA_HEADER_BYTES + (size_t)LP_LPA_ENTRY_BYTES * n;
@@ -368,7 +394,8 @@ int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
         return rc;
     }
     memcpy(head, LP_LPA_MAGIC, 4);
-    lp_le_put_u32(head + 4, LP_LPA_VERSION);
+    lp_le_put_u32(head + 4, profile_id ? LP_LPA_VERSION_PROFILE : LP_LPA_VERSION);
+    lp_le_put_u64(head + 88, profile_id);
     lp_le_put_u64(head + 8, off);
     lp_le_put_u64(head + 32, base->fingerprint);
     lp_le_put_u32(head + 40, base->arch);

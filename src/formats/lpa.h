@@ -3,7 +3,8 @@
  *
  *   offset size  field
  *   0      4     magic "LPA1"
- *   4      4     version (2; version 1 is still read, see below)
+ *   4      4     version (2, or 3 for adapters under a shared profile; version
+ *                1 is still read, see below)
  *   8      8     file_bytes        total size of the file (a multiple of 64)
  *   16     8     header_checksum   lp_lpa_hash of bytes [0, data_start) with
  *                                  this field read as zero
@@ -15,13 +16,16 @@
  *   48     4x7   n_layers, dim, n_heads, n_kv_heads, head_dim, ffn_dim, n_vocab
  *   76     4     n_entries
  *   80     8     data_start        align64(640 + 160 * n_entries)
- *   88     40    reserved, zero
+ *   88     8     profile_id        version 3: the .lpq profile (lpq.h) whose
+ *                                  encodings the codes use (never 0); else zero
+ *   96     32    reserved, zero
  *   128    256   name              UTF-8, NUL-terminated, NUL-padded
  *   384    256   base_name         (e.g. PEFT base_model_name_or_path), same
  *   640    160*n entries, strictly increasing by tensor name (bytewise):
  *                  0 96  tensor    the base weight's GGUF name ("blk.3.attn_q.weight"),
  *                                  UTF-8, NUL-terminated, NUL-padded
- *                 96 u32 rank (1..min(in, out))   100 u32 dtype (0 F32, 1 F16, 64 W4, 65 W8)
+ *                 96 u32 rank (1..min(in, out))   100 u32 dtype (0 F32, 1 F16, 64 W4, 65 W8;
+ *                                  version 3: 80 Q8, 81 Q4 profile codes)
  *                104 f32 scale (alpha/r, finite)  108 u32 reserved, zero
  *                112 u64 in    120 u64 out       (the base weight's shape, 1..2^24)
  *                128 u64 a_offset: A, rank rows x in cols, row-major
@@ -40,7 +44,11 @@
  * W8 and W4 blocks are in the integer kernels' packed LP_W8 / LP_W4 layouts (group 32, see
  * src/kernels/intpack.c): A is rank x in (in a multiple of 32), B is
  * out x round32(rank) with zero columns past the rank, so the runtime
- * multiplies them in place with int8 activations. The B rows of q/k are
+ * multiplies them in place with int8 activations. Q8 / Q4 blocks (version 3
+ * only, and every entry of a version 3 file is one) are the bare codes of
+ * the profile's affine encodings, row-major, A rank x in, B out x rank: one
+ * byte per code (Q8), or two per byte, low nibble first, each row padded to
+ * a whole byte (Q4). The B rows of q/k are
  * stored in the base's own row order (see flags), so loading is a mapping +
  * validation. */
 #ifndef LP_LPA_H
@@ -54,6 +62,9 @@
 
 #define LP_LPA_MAGIC "LPA1"
 #define LP_LPA_VERSION 2
+#define LP_LPA_VERSION_PROFILE 3
+#define LP_LPA_Q8 80u
+#define LP_LPA_Q4 81u
 #define LP_LPA_HEADER_BYTES 640
 #define LP_LPA_ENTRY_BYTES 160
 #define LP_LPA_V1_ENTRY_BYTES 40
@@ -80,6 +91,7 @@ typedef struct lp_lpa_entry {
 
 typedef struct lp_lpa {
     lp_lpa_base base;
+    uint64_t profile_id;      /* version 3; 0 otherwise */
     char name[LP_LPA_NAME_BYTES];
     char base_name[LP_LPA_NAME_BYTES];
     uint32_t version;         /* of the file read */
@@ -106,5 +118,14 @@ void lp_lpa_release(lp_lpa *lpa);
 int lp_lpa_write(const char *path, const lp_lpa_base *base, const char *name,
                  const char *base_name, const lp_lpa_entry *entries, uint32_t n,
                  lp_error *err);
+/* The same with a profile id: nonzero writes version 3 (every entry Q8 or
+ * Q4), zero is lp_lpa_write. */
+int lp_lpa_write_profiled(const char *path, const lp_lpa_base *base, const char *name,
+                          const char *base_name, uint64_t profile_id,
+                          const lp_lpa_entry *entries, uint32_t n, lp_error *err);
+/* Bytes of one row of n codes of an LP_LPA_Q8 / LP_LPA_Q4 block. */
+static inline size_t lp_lpa_code_row_bytes(uint32_t dtype, uint64_t n) {
+    return dtype == LP_LPA_Q4 ? (size_t)((n + 1) / 2) : (size_t)n;
+}
 
 #endif

@@ -894,7 +894,26 @@ static lp_weight lpa_half(const lp_lpa_entry *e, bool is_b) {
                               .row_bytes = esz * e->in, .data = e->a};
 }
 
+/* Profile codes (.lpa version 3) as uint8_t matrices (type LP_I8 marks
+ * them): Q8 in place, Q4 unpacked into an owned copy. NULL data on no memory. */
+static lp_weight lpa_codes(lp_adapter *a, const lp_lpa_entry *e, bool is_b) {
+    int64_t rows = is_b ? (int64_t)e->out : (int64_t)e->rank, cols = is_b ? (int64_t)e->rank : (int64_t)e->in;
+    const uint8_t *src = is_b ? e->b : e->a;
+    lp_weight w = {.type = LP_I8, .rows = rows, .cols = cols, .row_bytes = (size_t)cols, .data = src};
+    if (e->dtype == LP_LPA_Q8) return w;
+    uint8_t *dst = adapter_own(a, (size_t)rows * (size_t)cols);
+    w.data = dst;
+    size_t rb = lp_lpa_code_row_bytes(LP_LPA_Q4, (uint64_t)cols);
+    for (int64_t r = 0; dst && r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            uint8_t byte = src[(size_t)r * rb + (size_t)c / 2];
+            dst[r * cols + c] = c % 2 ? byte >> 4 : byte & 15;
+        }
+    return w;
+}
+
 static int check_lpa_data(const lp_lpa_entry *e, const char *what, lp_error *err) {
+    if (e->dtype == LP_LPA_Q8 || e->dtype == LP_LPA_Q4) return 0; /* any code is valid */
     for (int h = 0; h < 2; h++) {
         lp_weight w = lpa_half(e, h == 1);
         float *row = lp_alloc((size_t)w.cols * sizeof(float));
@@ -967,11 +986,19 @@ static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t 
         lp_lora_pair *p = add_pair(a, w, e->tensor);
         p->rank = (int)e->rank;
         p->scale = s;
-        p->A = lpa_half(e, false);
-        p->B = lpa_half(e, true);
+        bool codes = e->dtype == LP_LPA_Q8 || e->dtype == LP_LPA_Q4;
+        p->A = codes ? lpa_codes(a, e, false) : lpa_half(e, false);
+        p->B = codes ? lpa_codes(a, e, true) : lpa_half(e, true);
+        if (!p->A.data || !p->B.data) {
+            lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", what);
+            lp_adapter_free(a);
+            a = NULL;
+            break;
+        }
     }
     if (a) {
         a->format = "lpa";
+        a->profile_id = lpa.profile_id;
         snprintf(a->name, sizeof a->name, "%s", lpa.name);
         snprintf(a->base_name, sizeof a->base_name, "%s", lpa.base_name);
         sort_pairs(a);
@@ -1067,6 +1094,7 @@ static uint64_t hash_half(uint64_t h, const lp_weight *w) {
  * with it is never served to an adapter that differs anywhere. */
 uint64_t lp_adapter_content_hash(const lp_adapter *a) {
     uint64_t h = 0xcbf29ce484222325ULL;
+    if (a->profile_id) h = hash_bytes(h, &a->profile_id, sizeof a->profile_id); /* codes need it */
     for (int i = 0; i < a->n_pairs; i++) {
         const lp_lora_pair *pr = &a->pairs[i];
         h = hash_bytes(h, pr->name, strlen(pr->name));

@@ -23,6 +23,10 @@ typedef struct lp_lora_pair {
     lp_weight A;         /* rows = rank, cols = in  (F32, F16, or packed W8/W4) */
     lp_weight B;         /* rows = out,  cols = rank (F32, F16; packed: round32(rank),
                             zero past the rank) */
+    /* Under a shared profile (lp_adapter.profile_id != 0) A and B are bare
+     * codes, one uint8_t each, row-major (type LP_I8 marks them; the values
+     * are codes, not numbers): their encodings are in the profile the
+     * context binds (lp_profile), found by `weight`. */
 } lp_lora_pair;
 
 struct lp_adapter {
@@ -37,6 +41,7 @@ struct lp_adapter {
     uint64_t bytes;          /* bytes of A and B */
     uint64_t tag;            /* content hash (never 0): KV made with this adapter is
                                 recognised by it, so rebinding costs nothing */
+    uint64_t profile_id;     /* the .lpq profile its codes need (0: none) */
     /* ownership */
     void **owned;
     int n_owned, cap_owned;

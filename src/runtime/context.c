@@ -3,6 +3,8 @@
  * adapter and embedding slots, and the worker threads. */
 #include "context.h"
 
+#include "../model/profile.h"
+
 #include <stdlib.h>
 #include <string.h>
 
@@ -230,6 +232,7 @@ void lp_context_free(lp_context *ctx) {
     lp_free(ctx->kv.v);
     lp_free(ctx->plan.arena);
     free(ctx->graph_state);
+    free(ctx->profile_scratch);
     free(ctx);
 }
 
@@ -264,11 +267,25 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_e
         return lp_fail(err, "adapter slot %d out of range (1..%d)", slot, ctx->params.max_adapters);
     if (a && a->base != ctx->model)
         return lp_fail(err, "adapter '%s' was loaded for another model", a->name);
+    if (a && a->profile_id && lp_profile_check_adapter(ctx->profile, a, err)) return -1;
     if (a && a->max_rank > ctx->max_rank)
         return lp_fail(err, "adapter '%s' has rank %d; this context allows up to %d "
                        "(max_adapter_rank)", a->name, a->max_rank, ctx->max_rank);
     ctx->slots[slot].tag = a ? a->tag : 0;
     ctx->slots[slot].adapter = a;
+    return 0;
+}
+
+int lp_context_bind_profile(lp_context *ctx, const lp_profile *p, lp_error *err) {
+    if (!p) return lp_fail(err, "no profile to bind");
+    if (ctx->profile == p) return 0;
+    if (ctx->profile)
+        return lp_fail(err, "this context already binds shared profile %016llx (a context binds one, once)",
+                       (unsigned long long)ctx->profile->q.id);
+    if (p->model != ctx->model) return lp_fail(err, "the profile was loaded for another model");
+    ctx->profile_scratch = malloc((size_t)(p->scratch_ints > 0 ? p->scratch_ints : 1) * sizeof(int32_t));
+    if (!ctx->profile_scratch) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    ctx->profile = p;
     return 0;
 }
 

@@ -7,6 +7,9 @@
 
 #include <string.h>
 
+#include "../kernels/lora_static.h"
+#include "../model/profile.h"
+
 /* weights one lp_linear_multi / lp_linear_fused call may take */
 #define LP_LINEAR_MULTI_MAX 8
 
@@ -88,6 +91,20 @@ static const float *group_input(lp_context *ctx, int s, const float *x, int64_t 
     return dst;
 }
 
+/* A pair of an adapter under the bound shared profile: its rows run the
+ * static-encoding integer branch now, adding into the projection's rows. */
+static void apply_profiled(lp_context *ctx, const lp_lora_pair *pair, const int *rows, int n,
+                           const float *xs, int64_t xs_stride, float *dst, int64_t dst_stride) {
+    const lp_profile *pf = ctx->profile;
+    const lp_lpq_entry *e = pf->by_weight[pair->weight];
+    lp_lora_static L = {
+        .qa = pair->A.data, .qb = pair->B.data, .rank = pair->rank, .in = (int)e->in,
+        .out = (int)e->out, .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
+        .act_qmax = (1 << pf->q.act_bits) - 1, .scale = pair->scale,
+    };
+    lp_lora_static_rows(&L, xs, xs_stride, n, rows, dst, dst_stride, NULL, ctx->profile_scratch);
+}
+
 /* y_i[r] += scale * B_i (A_i x[r]) for the weights i that share the input
  * x, for the rows of every adapter group with a pair there. */
 static void apply_lora(lp_context *ctx, int n_weights, const int *weights, const float *x, int64_t x_stride,
@@ -106,6 +123,10 @@ static void apply_lora(lp_context *ctx, int n_weights, const int *weights, const
             const lp_lora_pair *pair = lp_adapter_pair(ctx->slots[s].adapter, weights[i]);
             if (!pair) continue;
             if (!xs) xs = group_input(ctx, s, x, x_stride, pair->A.cols, &xs_stride);
+            if (ctx->slots[s].adapter->profile_id) { /* checked against ctx->profile at binding */
+                apply_profiled(ctx, pair, rows, n, xs, xs_stride, ys[i], y_strides[i]);
+                continue;
+            }
             int64_t kr = pair->B.cols, out = pair->B.rows;
             size_t need_t = (size_t)n * (size_t)kr, need_y = (size_t)n * (size_t)out;
             if (b->n == LP_MATMUL_TASKS_MAX || b->t_used + need_t > ctx->lora_t_cap ||

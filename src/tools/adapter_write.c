@@ -76,8 +76,16 @@ done:
     return result;
 }
 
+/* Codes under a shared profile are not values: nothing here reads them. */
+static int refuse_profiled(const lp_adapter *a, const char *path, lp_error *err) {
+    if (!a->profile_id) return 0;
+    return lp_fail(err, "%s: adapter '%s' holds codes of a shared profile (%016llx); use its FP32 "
+                   "original", path, a->name, (unsigned long long)a->profile_id);
+}
+
 int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err) {
     if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
+    if (refuse_profiled(a, path, err)) return -1;
     if (dtype != -1 && dtype != LP_F32 && dtype != LP_F16 && dtype != LP_W8 && dtype != LP_W4)
         return lp_fail(err, "%s: .lpa data must be F32, F16, W8 or W4", path);
     size_t n_pairs = (size_t)a->n_pairs;
@@ -174,6 +182,8 @@ int lp_adapter_write_concat(const lp_adapter *const *adapters, int n, const char
     const lp_model *base = adapters[0]->base;
     for (int k = 1; k < n; k++)
         if (adapters[k]->base != base) return lp_fail(err, "%s: the adapters are for different bases", path);
+    for (int k = 0; k < n; k++)
+        if (refuse_profiled(adapters[k], path, err)) return -1;
     lp_lpa_entry *es = calloc((size_t)base->n_weights + 1, sizeof *es);
     void **tmps = calloc(2 * (size_t)base->n_weights + 2, sizeof *tmps);
     int rc = es && tmps ? 0 : lp_fail(err, "out of memory");
@@ -228,6 +238,8 @@ int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, in
     if (!base->gguf)
         return lp_fail(err, "%s: merging needs a GGUF base (this base is %s)", base->path,
                        base->format);
+    for (int i = 0; i < n; i++)
+        if (refuse_profiled(adapters[i], out_path, err)) return -1;
     for (int i = 0; i < n; i++)
         if (adapters[i]->base != base)
             return lp_fail(err, "adapter '%s' was not loaded for this base", adapters[i]->name);

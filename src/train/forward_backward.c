@@ -118,12 +118,15 @@ static void linear_forward(lp_train_model *m, int l, int p, float *y, const floa
     const lp_train_config *c = &m->cfg;
     const lp_tlayer *L = &m->w.layers[l];
     int in = (int)lp_t_lora_rows_in(c, p), out = (int)lp_t_lora_rows_out(c, p);
-    lp_t_matmul(m->pool, m->gemm_level, y, x, proj_weight(L, p), N, in, out, 1.0f, false,
+    const float *xb = m->quad ? lp_t_quad_base_input(m, x, N, in) : NULL;
+    lp_t_matmul(m->pool, m->gemm_level, y, xb ? xb : x, proj_weight(L, p), N, in, out, 1.0f, false,
                 m->acts->scratch);
     if (L->lora_a[p]) {
         float *t = lora_t_of(m, l, p);
+        if (m->quad && lp_t_quad_branch(m, l, p, y, x, N, t)) return;
         lp_t_matmul(m->pool, m->gemm_level, t, x, L->lora_a[p], N, in, c->lora_rank, 1.0f, false,
                     m->acts->scratch);
+        if (m->quad) lp_t_quad_observe(m, l, p, x, t, N);
         lp_t_matmul(m->pool, m->gemm_level, y, t, L->lora_b[p], N, c->lora_rank, out,
                     lora_scale(c), true, m->acts->scratch);
     }
@@ -217,7 +220,8 @@ static double cross_entropy(lp_train_model *m, const lp_train_batch *b) {
     const lp_train_config *c = &m->cfg;
     lp_tacts *a = m->acts;
     size_t N = (size_t)b->B * b->T, V = (size_t)c->n_vocab;
-    double total = 0, weight = 0;
+    double total = 0, weight = 0, kl = 0;
+    bool kd = b->teacher && b->kd_weight > 0;
     for (size_t n = 0; n < N; n++) {
         float w = b->mask ? b->mask[n] : 1.0f;
         if (w == 0) continue;
@@ -226,10 +230,21 @@ static double cross_entropy(lp_train_model *m, const lp_train_batch *b) {
         for (size_t v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
         double sum = 0;
         for (size_t v = 0; v < V; v++) sum += exp((double)z[v] - max);
-        total += w * (log(sum) + max - z[b->targets[n]]);
+        double lse = log(sum) + max, ce = lse - z[b->targets[n]];
+        if (kd) {
+            /* KL(p || q) = sum p (log p - log q), log q = z - lse */
+            const float *pt = b->teacher + n * V;
+            double k = 0;
+            for (size_t v = 0; v < V; v++)
+                if (pt[v] > 0) k += pt[v] * (log((double)pt[v]) - (z[v] - lse));
+            kl += w * k;
+            ce = (1.0 - b->kd_weight) * ce + b->kd_weight * k;
+        }
+        total += w * ce;
         weight += w;
     }
     a->mask_sum = weight;
+    a->kl = weight > 0 && kd ? kl / weight : 0.0;
     a->loss = weight > 0 ? total / weight : 0.0;
     return a->loss;
 }
@@ -272,7 +287,8 @@ double lp_train_forward(lp_train_model *m, const lp_train_batch *b, lp_error *er
     }
     lp_t_rmsnorm(a->xnf, a->rstdf, a->x + (size_t)c->n_layers * N * dim, m->w.output_norm, N,
                  c->dim, c->rms_eps);
-    lp_t_matmul(m->pool, m->gemm_level, a->logits, a->xnf, m->w.output, N, c->dim, c->n_vocab,
+    const float *xf = m->quad ? lp_t_quad_base_input(m, a->xnf, N, c->dim) : NULL;
+    lp_t_matmul(m->pool, m->gemm_level, a->logits, xf ? xf : a->xnf, m->w.output, N, c->dim, c->n_vocab,
                 1.0f, false, a->scratch);
     return cross_entropy(m, b);
 }
@@ -280,6 +296,8 @@ double lp_train_forward(lp_train_model *m, const lp_train_batch *b, lp_error *er
 const float *lp_train_logits(const lp_train_model *m, int i) {
     return m->acts->logits + (size_t)i * m->cfg.n_vocab;
 }
+
+double lp_train_last_kl(const lp_train_model *m) { return m->acts ? m->acts->kl : 0.0; }
 
 /* ---- backward ------------------------------------------------------------------- */
 
@@ -306,6 +324,14 @@ static void cross_entropy_backward(lp_train_model *m, const lp_train_batch *b) {
         for (size_t v = 0; v < V; v++) sum += exp((double)z[v] - max);
         double k = w / a->mask_sum;
         for (size_t v = 0; v < V; v++) dz[v] = (float)(exp((double)z[v] - max) / sum * k);
+        if (b->teacher && b->kd_weight > 0) {
+            /* (1 - l)(q - onehot) + l (q - p) */
+            const float *pt = b->teacher + n * V;
+            double l = b->kd_weight;
+            for (size_t v = 0; v < V; v++) dz[v] -= (float)(l * pt[v] * k);
+            dz[b->targets[n]] -= (float)((1.0 - l) * k);
+            continue;
+        }
         dz[b->targets[n]] -= (float)k;
     }
 }

@@ -16,6 +16,8 @@
 int lp_train_config_from_adapter(const lp_adapter *a, lp_train_config *c, lp_error *err) {
     if (!a->base || a->base->hp.n_layers != c->n_layers)
         return lp_fail(err, "%s: not loaded for a base of %d layers", a->name, c->n_layers);
+    if (a->profile_id)
+        return lp_fail(err, "%s: holds codes of a shared profile; train from its FP32 original", a->name);
     int rank = 0;
     float scale = 0;
     uint32_t targets = 0;

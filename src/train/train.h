@@ -34,6 +34,7 @@
 #include "../arch/llama.h"     /* lp_proj */
 #include "../model/adapter.h"
 #include "../tokenizer/tokenizer.h"
+#include "../formats/lpq.h"
 
 /* ---- configuration -------------------------------------------------------- */
 
@@ -104,6 +105,10 @@ typedef struct lp_train_model {
      * CPU runs (LORAPLEX_TRAIN_GEMM=0|1|2 caps it); results are bitwise
      * reproducible for a given level, whatever the thread count. */
     int gemm_level;
+    /* QUAD hooks (src/train/quad.c; owned by the caller, NULL: none): the
+     * LoRA branch as the shared-profile kernels run it, range observation,
+     * and the base's inputs quantized as the W4A8 kernels quantize them. */
+    struct lp_train_quad *quad;
 } lp_train_model;
 
 /* Group index of an LP_TRAIN_* bit. */
@@ -143,6 +148,11 @@ typedef struct lp_train_batch {
     const int32_t *pos;      /* [B*T] RoPE positions; NULL: 0..T-1 */
     const uint8_t *visible;  /* [B][T][T]: position i attends to j iff
                                 visible[i*T+j]; NULL: causal (j <= i) */
+    /* Distillation (QUAD fit): teacher next-token probabilities [B*T][n_vocab]
+     * and the loss (1 - kd_weight) CE + kd_weight KL(teacher || model) per
+     * masked position. NULL / 0: cross-entropy alone. */
+    const float *teacher;
+    float kd_weight;
 } lp_train_batch;
 
 /* Forward pass: returns the mean masked cross-entropy (0 if the mask is all
@@ -151,6 +161,9 @@ typedef struct lp_train_batch {
 double lp_train_forward(lp_train_model *m, const lp_train_batch *b, lp_error *err);
 /* Logits of position i of the last forward: n_vocab floats. */
 const float *lp_train_logits(const lp_train_model *m, int i);
+/* Mean KL(teacher || model) over the masked positions of the last forward
+ * (0 without a teacher). */
+double lp_train_last_kl(const lp_train_model *m);
 /* Accumulates gradients of the last forward's loss into the trainable
  * groups' gradient buffers (call lp_train_zero_grad first). */
 void lp_train_backward(lp_train_model *m, const lp_train_batch *b);
@@ -169,6 +182,42 @@ int lp_train_lora_from_adapter(lp_train_model *m, const lp_adapter *a, lp_error 
  * gradient at the rounded point (straight-through). */
 int lp_train_fake_quantize_lora(lp_train_model *m, uint32_t type, float *keep, lp_error *err);
 void lp_train_restore_lora(lp_train_model *m, const float *keep);
+
+/* ---- QUAD: shared-profile students (quad.c, docs/quad.md) ----------------- */
+
+/* Hooks for one model (after lp_train_model_reserve and set_pool); set
+ * m->quad to use them. With a profile set, between lp_train_quad_begin and
+ * lp_train_restore_lora the LoRA branch runs as the shared-profile kernels
+ * run it (lp_lora_static_rows on the codes of the weights at begin; the
+ * weights hold the values of those codes, so the backward's gradient is
+ * taken there and passes straight through the rounding). */
+typedef struct lp_train_quad lp_train_quad;
+lp_train_quad *lp_train_quad_create(const lp_train_model *m, lp_error *err);
+void lp_train_quad_free(lp_train_quad *q);
+/* NULL profile: the float branch. The profile must outlive q. */
+int lp_train_quad_set_profile(lp_train_quad *q, const lp_train_model *m, const lp_lpq *profile,
+                              lp_error *err);
+/* Saves the LoRA group into keep (group_size floats) and replaces it with
+ * its values under the profile, taking their codes. */
+int lp_train_quad_begin(lp_train_quad *q, lp_train_model *m, float *keep, lp_error *err);
+/* The base matmuls' inputs (and the classifier's) as the W4A8 kernels see
+ * them: int8 per group of 32, scale amax/127 (lp_quantize_act_ref). */
+void lp_train_quad_base_act_q8(lp_train_quad *q, bool on);
+/* Range observation of the float branch: the shrink's input x and output
+ * t = x A^T per (layer, projection) slot lp_llama_weight_id. */
+void lp_train_quad_observe(lp_train_quad *q, bool on);
+void lp_train_quad_reset_ranges(lp_train_quad *q);
+void lp_train_quad_ranges(const lp_train_quad *q, int slot, float *x_lo, float *x_hi, float *t_lo,
+                          float *t_hi);
+/* Jensen-Shannon divergence (nats) of the softmaxes of two logit rows;
+ * tmp: 2 V doubles. */
+double lp_quad_js(const float *za, const float *zb, int V, double *tmp);
+/* The quantization sensitivity score of the model's LoRA under `profile`:
+ * mean JS divergence between the FP32 forward's and the quantized forward's
+ * next-token distributions over the batch's masked positions. NULL profile:
+ * both forwards in FP32 (0). m->quad is left as it was. */
+int lp_quad_qss(lp_train_model *m, const lp_train_batch *b, const lp_lpq *profile, double *qss,
+                lp_error *err);
 
 /* ---- optimizer ----------------------------------------------------------- */
 

@@ -8,7 +8,7 @@
 struct lp_tacts {
     int max_batch, max_seq;   /* capacity: B <= max_batch, T <= max_seq */
     int B, T;                 /* shape of the last forward */
-    double loss, mask_sum;
+    double loss, mask_sum, kl;
     /* forward, per layer l (index [l][n][...]) */
     float *x;                 /* [L+1][N][dim] residual stream entering layer l; [L] = final */
     float *xn1, *rstd1;       /* [L][N][dim], [L][N] attention RMSNorm */
@@ -88,6 +88,15 @@ void lp_t_attention(lp_threadpool *pool, lp_t_attn *a);
 void lp_t_attention_backward(lp_threadpool *pool, lp_t_attn *a);
 
 void lp_t_free_acts(lp_tacts *a);
+
+/* QUAD hooks (quad.c), called by the forward where m->quad is set. The
+ * base matmul's input as the W4A8 kernels see it (NULL: x as is); the LoRA
+ * branch under static encodings, adding into y and saving the dequantized
+ * shrink outputs in t (true if it ran; false: the float branch runs); and
+ * the observation of the float branch's ranges. */
+const float *lp_t_quad_base_input(lp_train_model *m, const float *x, int N, int in);
+bool lp_t_quad_branch(lp_train_model *m, int l, int p, float *y, const float *x, int N, float *t);
+void lp_t_quad_observe(lp_train_model *m, int l, int p, const float *x, const float *t, int N);
 /* Floats per group for a config, without allocating them. */
 int lp_t_param_counts(const lp_train_config *cfg, size_t sizes[3], lp_error *err);
 
