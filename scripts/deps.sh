@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
 # Installs what loraplex needs to build and test, when missing: Debian
-# packages (compilers, PCRE2, cJSON, libmicrohttpd for the server, python3
+# packages (compilers, PCRE2, cJSON, libmicrohttpd for the server, libpng for
+# `loraplex image`, python3
 # and node for the server tests), then the server tests' npm packages (the
 # official openai client) into tests/server/node_modules.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 have_all() {
   command -v cmake >/dev/null && command -v cc >/dev/null && command -v clang >/dev/null &&
-    command -v pkg-config >/dev/null && pkg-config --exists libpcre2-8 libcjson libmicrohttpd &&
+    command -v pkg-config >/dev/null && pkg-config --exists libpcre2-8 libcjson libmicrohttpd libpng &&
     command -v python3 >/dev/null && command -v curl >/dev/null && command -v npm >/dev/null &&
     ls /usr/lib/llvm-*/lib/clang/*/lib/linux/libclang_rt.fuzzer-x86_64.a >/dev/null 2>&1
 }
@@ -15,7 +16,7 @@ if ! have_all; then
   SUDO=""
   [ "$(id -u)" -eq 0 ] || SUDO=sudo
   apt_opts=(-o DPkg::Lock::Timeout=600)
-  pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev clang libclang-rt-14-dev
+  pkgs=(build-essential cmake pkg-config libpcre2-dev libcjson-dev libmicrohttpd-dev libpng-dev clang libclang-rt-14-dev
         python3 curl)
   command -v npm >/dev/null || pkgs+=(nodejs npm)
   $SUDO apt-get "${apt_opts[@]}" update -qq

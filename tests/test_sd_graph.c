@@ -421,7 +421,7 @@ static double rel_err_rows(const float *a, const double *ref, int64_t n) {
 
 static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads) {
     const lp_sd_config *c = lp_sd_model_config(m);
-    enum { B = 2, LH = 8, LW = 6 };
+    enum { B = 2, LH = 4, LW = 6 };
     lp_error err = {0};
     lp_sd_graph *g = lp_sd_graph_create(w, B, LH, LW, threads, &err);
     CHECK_MSG(g != NULL, "%s", err.message);

@@ -40,8 +40,9 @@ typedef struct lp_sd_config {
  * UNet, 128-512 VAE). */
 lp_sd_config lp_sd_config_sd15(void);
 /* A few-megabyte model of the same structure for tests: the real CLIP
- * vocabulary and context, 32-wide everything else, two levels (attention on
- * the first, as SD has none on its last), one ResBlock per level. */
+ * vocabulary and context, 32- and 64-wide everything else, a UNet of two
+ * levels (attention on the first, as SD has none on its last), a VAE of
+ * four (x8, as SD's), one ResBlock per level. */
 lp_sd_config lp_sd_config_tiny(void);
 /* Checks a configuration's consistency (channels multiples of groups and
  * heads, levels 1..4, ...). */

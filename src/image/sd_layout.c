@@ -26,7 +26,7 @@ lp_sd_config lp_sd_config_tiny(void) {
         .te_vocab = 49408, .te_ctx = 77, .te_dim = 32, .te_layers = 2, .te_heads = 2, .te_ffn = 64,
         .unet_in = 4, .unet_out = 4, .unet_ch = 32, .unet_levels = 2, .unet_mult = {1, 2},
         .unet_res_blocks = 1, .unet_attn = {true, false}, .unet_heads = 2, .context_dim = 32,
-        .vae_img = 3, .vae_z = 4, .vae_ch = 32, .vae_levels = 2, .vae_mult = {1, 2}, .vae_res_blocks = 1,
+        .vae_img = 3, .vae_z = 4, .vae_ch = 32, .vae_levels = 4, .vae_mult = {1, 1, 2, 2}, .vae_res_blocks = 1,
         .groups = 32,
     };
 }
