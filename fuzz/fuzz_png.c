@@ -1,6 +1,6 @@
 /* Fuzzes the PNG reader (src/tools/png.c, libpng's simplified API): any
  * input either fails with a message or decodes to width x height RGB pixels
- * that are all readable. Seed: a 3x2 RGB PNG written by lp_png_write. */
+ * that are all readable. Seed: a 3x2 8-bit RGB PNG (fuzz/seeds/README.md). */
 #include <stdint.h>
 #include <stdlib.h>
 
