@@ -73,6 +73,9 @@ typedef struct lp_sd_model lp_sd_model;
  * parts (model_ema.*, the schedule's buffers, position_ids) are ignored.
  * Errors name the file and the first tensor at fault. */
 lp_sd_model *lp_sd_model_load(const char *path, lp_error *err);
+/* The same from a file's bytes in memory (kept by the caller while the
+ * model lives); name is for messages. */
+lp_sd_model *lp_sd_model_load_memory(const void *data, size_t size, const char *name, lp_error *err);
 void lp_sd_model_free(lp_sd_model *m);
 const lp_sd_config *lp_sd_model_config(const lp_sd_model *m);
 /* The tensor of that name in the file, or NULL. */

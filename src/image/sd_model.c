@@ -169,9 +169,7 @@ static int check_one(void *ctx, const lp_sd_tensor_desc *d) {
     return 0;
 }
 
-lp_sd_model *lp_sd_model_load(const char *path, lp_error *err) {
-    lp_safetensors *st = lp_safetensors_open(path, err);
-    if (!st) return NULL;
+static lp_sd_model *model_from(lp_safetensors *st, const char *path, lp_error *err) {
     lp_sd_config c = {0};
     if (infer_text_encoder(st, path, &c, err) || infer_unet(st, path, &c, err) || infer_vae(st, path, &c, err))
         goto fail;
@@ -193,6 +191,16 @@ fail:
     lp_error_as_format(err);
     lp_safetensors_close(st);
     return NULL;
+}
+
+lp_sd_model *lp_sd_model_load(const char *path, lp_error *err) {
+    lp_safetensors *st = lp_safetensors_open(path, err);
+    return st ? model_from(st, path, err) : NULL;
+}
+
+lp_sd_model *lp_sd_model_load_memory(const void *data, size_t size, const char *name, lp_error *err) {
+    lp_safetensors *st = lp_safetensors_open_memory(data, size, name, err);
+    return st ? model_from(st, name, err) : NULL;
 }
 
 void lp_sd_model_free(lp_sd_model *m) {
