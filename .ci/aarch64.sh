@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 BUILD="${BUILD:-build-aarch64}"
 BUILD_CLANG="${BUILD_CLANG:-build-aarch64-clang}"
 COMPILERS="${COMPILERS:-gcc clang}"
-PKGS=(gcc-aarch64-linux-gnu clang qemu-user libpcre2-dev:arm64 libcjson-dev:arm64)
+PKGS=(gcc-aarch64-linux-gnu clang qemu-user libpcre2-dev:arm64 libcjson-dev:arm64 libpng-dev:arm64)
 
 installed() { dpkg-query -W -f='${Status}' "$1" 2>/dev/null | grep -q "install ok installed"; }
 missing=()
@@ -30,7 +30,7 @@ fi
 
 export PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconfig
 # The loader and libc come from libc6:arm64 (/lib/aarch64-linux-gnu, where
-# libpcre2/libcjson live too), not from /usr/aarch64-linux-gnu: the cross
+# libpcre2/libcjson/libpng live too), not from /usr/aarch64-linux-gnu: the cross
 # toolchain's ld.so is another glibc build, and pairing it with the
 # multiarch libc.so.6 hangs in pthread_create.
 export QEMU_LD_PREFIX=/ QEMU_CPU=max

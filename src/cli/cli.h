@@ -24,6 +24,10 @@ int cli_tokenize(int argc, char **argv);
 int cli_synth(int argc, char **argv);
 int cli_serve(int argc, char **argv);
 int cli_quad(int argc, char **argv);
+/* image models (cli_image.c): synth's sd15 / sd-tiny presets */
+bool cli_is_image_preset(const char *name);
+int cli_synth_image(int argc, char **argv);
+int cli_image(int argc, char **argv);
 
 /* The demo world's folder (models/demo: base.gguf and the adapters folder of .lpa files):
  * LORAPLEX_DEMO_DIR, else models/demo beside the executable or above it,

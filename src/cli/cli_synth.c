@@ -19,6 +19,7 @@ static void synth_usage(FILE *out) {
             "       loraplex synth --lora-for BASE.gguf [--rank R] [--alpha A]\n"
             "                      [--targets q,k,v,o,gate,up,down] -o OUT.gguf\n"
             "presets: tinyllama-1.1b, llama-3.2-1b, qwen2.5-0.5b, qwen3-0.6b, tiny\n"
+            "         sd15, sd-tiny: Stable Diffusion 1.x safetensors (see --preset sd15 --help)\n"
             "options:\n"
             "  --type T        weight type: f32 f16 bf16 q8_0 q4_0 q4_k q5_k q6_k (default f16)\n"
             "  --embd-type T   token embedding / output type (default: f16, or f32 with --type f32)\n"
@@ -61,6 +62,8 @@ static bool find_vocab(const char *file, char *out, size_t cap) {
 }
 
 int cli_synth(int argc, char **argv) {
+    for (int i = 1; i + 1 < argc; i++)
+        if (!strcmp(argv[i], "--preset") && cli_is_image_preset(argv[i + 1])) return cli_synth_image(argc, argv);
     lp_synth_params p;
     memset(&p, 0, sizeof p);
     const char *preset = NULL, *out = NULL, *vocab = NULL, *lora_base = NULL;

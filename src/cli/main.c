@@ -29,6 +29,7 @@ static void usage(FILE *out) {
             "  train     train a model from scratch (loraplex train --help)\n"
             "  train-lora  train a LoRA adapter on a frozen base (loraplex train-lora --help)\n"
             "  synth     write a random model of a real shape (loraplex synth --preset NAME -o OUT)\n"
+            "  image     text to image with a Stable Diffusion 1.x checkpoint (loraplex image --help)\n"
             "  forecast-random  random forecast embeddings (.lpf) for run --speculate (tests, baseline)\n"
             "  train-forecast   train forecast embeddings by self-distillation (see --help)\n"
             "  quad      QUAD shared quantization profile for all adapters (loraplex quad --help)\n"
@@ -64,6 +65,7 @@ int main(int argc, char **argv) {
     if (!strcmp(cmd, "info")) return cli_info(argc - 1, argv + 1);
     if (!strcmp(cmd, "tokenize")) return cli_tokenize(argc - 1, argv + 1);
     if (!strcmp(cmd, "synth")) return cli_synth(argc - 1, argv + 1);
+    if (!strcmp(cmd, "image")) return cli_image(argc - 1, argv + 1);
     if (!strcmp(cmd, "serve")) return cli_serve(argc - 1, argv + 1);
     if (!strcmp(cmd, "forecast-random")) return cli_forecast_random(argc - 1, argv + 1);
     if (!strcmp(cmd, "train-forecast")) return cli_train_forecast(argc - 1, argv + 1);

@@ -1,0 +1,247 @@
+/* The image model's subcommands: `loraplex image` (text to image with an
+ * SD 1.x checkpoint, PNG out) and `loraplex synth --preset sd15|sd-tiny`
+ * (reached from cli_synth: a random-weight SD 1.x checkpoint). */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/stat.h>
+
+#include "cli.h"
+#include "image/sd.h"
+#include "image/sd_pipeline.h"
+#include "tools/png.h"
+#include "tools/sd_synth.h"
+
+bool cli_is_image_preset(const char *name) { return !strcmp(name, "sd15") || !strcmp(name, "sd-tiny"); }
+
+static void synth_image_usage(FILE *f) {
+    fprintf(f, "usage: loraplex synth --preset sd15|sd-tiny [--type f32|f16|bf16] [--seed N] -o OUT.safetensors\n"
+               "  sd15     Stable Diffusion 1.5's shapes and tensor names (UNet 860M, text encoder 123M,\n"
+               "           VAE 84M parameters), random weights; --type f16 for a 2.1 GB file\n"
+               "  sd-tiny  the same structure a few MB large, for tests\n"
+               "  the vocabulary is CLIP's (49408 tokens; the tokenizer reads sd/clip-bpe-merges.txt)\n");
+}
+
+int cli_synth_image(int argc, char **argv) {
+    const char *preset = NULL, *out = NULL;
+    lp_st_dtype dtype = LP_ST_F32;
+    long seed = 1;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            synth_image_usage(stdout);
+            return 0;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(a, "--preset")) preset = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
+        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
+        else if (!strcmp(a, "--type")) {
+            if (!strcmp(v, "f32")) dtype = LP_ST_F32;
+            else if (!strcmp(v, "f16")) dtype = LP_ST_F16;
+            else if (!strcmp(v, "bf16")) dtype = LP_ST_BF16;
+            else {
+                fprintf(stderr, "loraplex synth: --type %s: an SD checkpoint is f32, f16 or bf16\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "loraplex synth: option '%s' does not apply to image presets (see --preset sd15 --help)\n", a);
+            return 2;
+        }
+    }
+    if (!out || !preset) {
+        synth_image_usage(stderr);
+        return 2;
+    }
+    lp_error err = {0};
+    lp_sd_config c;
+    if (lp_sd_synth_preset(preset, &c, &err)) return cli_fail("synth", &err);
+    if (lp_sd_synth_write(&c, dtype, (uint64_t)seed, preset, out, &err)) return cli_fail("synth", &err);
+    lp_sd_counts n = lp_sd_layout_counts(&c);
+    fprintf(stderr, "loraplex: wrote %s (%s, %lld tensors: text encoder %lld, UNet %lld, VAE %lld parameters)\n", out,
+            lp_st_dtype_name(dtype), (long long)n.tensors, (long long)n.te, (long long)n.unet, (long long)n.vae);
+    return 0;
+}
+
+/* ---- loraplex image ------------------------------------------------------------------------------ */
+
+static void image_usage(FILE *f) {
+    fprintf(f,
+            "usage: loraplex image -m MODEL.safetensors -p PROMPT [options] -o OUT.png\n"
+            "  -m, --model PATH     SD 1.x single-file checkpoint (F32/F16/BF16 safetensors)\n"
+            "  -p, --prompt TEXT    the prompt\n"
+            "  -n, --negative TEXT  the negative prompt (default empty)\n"
+            "  -W, -H N             image size in pixels (default 512; multiples of 64 for SD 1.5)\n"
+            "  --steps N            sampling steps (default 20)\n"
+            "  --cfg S              classifier-free guidance scale (default 7.5; 1 = off)\n"
+            "  --sampler NAME       euler, euler_a, ddim, dpm++2m, lcm (default euler)\n"
+            "  --scheduler NAME     discrete, karras (default discrete)\n"
+            "  --seed N             noise seed (default 1)\n"
+            "  --clip-skip N        stop the text encoder N-1 layers early (default 1)\n"
+            "  --noise FILE         initial noise, raw little-endian float32 [4][H/8][W/8]\n"
+            "  --latents-out FILE   write the final latent the same way\n"
+            "  --merges FILE        CLIP merge list (default: sd/clip-bpe-merges.txt in shared/models)\n"
+            "  -t, --threads N      threads (default: the cores)\n"
+            "  -o, --output PATH    the PNG to write\n");
+}
+
+static bool find_merges(char *out, size_t cap) {
+    const char *env = getenv("LORAPLEX_SHARED_MODELS");
+    const char *dirs[] = {env, LP_SHARED_MODELS, "shared/models", "../shared/models", "../../shared/models"};
+    for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
+        if (!dirs[i]) continue;
+        snprintf(out, cap, "%s/sd/clip-bpe-merges.txt", dirs[i]);
+        struct stat st;
+        if (stat(out, &st) == 0) return true;
+    }
+    return false;
+}
+
+typedef struct progress {
+    double start;
+} progress;
+
+static void on_step(void *ctx, int step, int steps) {
+    progress *p = ctx;
+    double el = lp_now_seconds() - p->start, per = el / step;
+    int bar = 30 * step / steps;
+    fprintf(stderr, "\r[%.*s%*s] step %d/%d  %.2f s/step  ETA %.0f s ", bar,
+            "==============================", 30 - bar, "", step, steps, per, per * (steps - step));
+    if (step == steps) fputc('\n', stderr);
+}
+
+static int write_raw(const char *path, const float *v, int64_t n) {
+    FILE *f = fopen(path, "wb");
+    if (!f) return -1;
+    size_t w = fwrite(v, sizeof(float), (size_t)n, f); /* little-endian hosts */
+    return fclose(f) == 0 && w == (size_t)n ? 0 : -1;
+}
+
+int cli_image(int argc, char **argv) {
+    const char *model = NULL, *prompt = NULL, *negative = "", *out = NULL, *noise_path = NULL, *lat_path = NULL;
+    const char *merges = NULL;
+    long width = 512, height = 512, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
+    double cfg = 7.5;
+    int sampler = LP_SD_SAMPLER_EULER, scheduler = LP_SD_SCHED_DISCRETE;
+    for (int i = 1; i < argc; i++) {
+        const char *a = argv[i], *v = NULL;
+        if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
+            image_usage(stdout);
+            return 0;
+        }
+        if (!(v = cli_value(argc, argv, &i))) return 2;
+        if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "-n") || !strcmp(a, "--negative")) negative = v;
+        else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
+        else if (!strcmp(a, "--noise")) noise_path = v;
+        else if (!strcmp(a, "--latents-out")) lat_path = v;
+        else if (!strcmp(a, "--merges")) merges = v;
+        else if (!strcmp(a, "-W") || !strcmp(a, "--width")) { if (!cli_int(a, v, 8, 4096, &width)) return 2; }
+        else if (!strcmp(a, "-H") || !strcmp(a, "--height")) { if (!cli_int(a, v, 8, 4096, &height)) return 2; }
+        else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return 2; }
+        else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
+        else if (!strcmp(a, "--clip-skip")) { if (!cli_int(a, v, 1, 64, &clip_skip)) return 2; }
+        else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) { if (!cli_int(a, v, 1, LP_THREADS_MAX, &threads)) return 2; }
+        else if (!strcmp(a, "--cfg")) { if (!cli_float(a, v, 0, 100, &cfg)) return 2; }
+        else if (!strcmp(a, "--sampler")) {
+            if ((sampler = lp_sd_sampler_parse(v)) < 0) {
+                fprintf(stderr, "loraplex image: --sampler %s: euler, euler_a, ddim, dpm++2m or lcm\n", v);
+                return 2;
+            }
+        } else if (!strcmp(a, "--scheduler")) {
+            if ((scheduler = lp_sd_scheduler_parse(v)) < 0) {
+                fprintf(stderr, "loraplex image: --scheduler %s: discrete or karras\n", v);
+                return 2;
+            }
+        } else {
+            fprintf(stderr, "loraplex image: unknown option '%s' (see --help)\n", a);
+            return 2;
+        }
+    }
+    if (!model || !prompt || !out) {
+        fprintf(stderr, "loraplex image: -m MODEL, -p PROMPT and -o OUT are required (see --help)\n");
+        return 2;
+    }
+    char merges_buf[1024];
+    if (!merges) {
+        if (!find_merges(merges_buf, sizeof merges_buf)) {
+            fprintf(stderr, "loraplex image: no sd/clip-bpe-merges.txt in LORAPLEX_SHARED_MODELS or shared/models; "
+                            "give --merges FILE\n");
+            return 1;
+        }
+        merges = merges_buf;
+    }
+    lp_error err = {0};
+    int rc = 1;
+    float *noise = NULL, *lat = NULL;
+    uint8_t *rgb = NULL;
+    lp_sd_weights *w = NULL;
+    lp_clip_tokenizer *tok = lp_clip_tokenizer_load(merges, &err);
+    if (!tok) return cli_fail("tokenizer", &err);
+    lp_sd_model *m = lp_sd_model_load(model, &err);
+    if (!m) {
+        cli_fail("model", &err);
+        goto done;
+    }
+    w = lp_sd_weights_create(m, &err);
+    lp_sd_model_free(m); /* the weights are converted copies */
+    if (!w) {
+        cli_fail("model", &err);
+        goto done;
+    }
+    int64_t nlat = (int64_t)4 * (height / 8) * (width / 8);
+    if (lp_sd_weights_config(w)->unet_in != 4) {
+        fprintf(stderr, "loraplex image: a %d-channel UNet (inpainting models are not supported yet)\n",
+                lp_sd_weights_config(w)->unet_in);
+        goto done;
+    }
+    if (noise_path) {
+        char *data;
+        size_t size;
+        if (lp_read_file(noise_path, &data, &size, (size_t)1 << 30, &err)) {
+            cli_fail("noise", &err);
+            goto done;
+        }
+        if (size != (size_t)nlat * 4 || width % 8 || height % 8) {
+            fprintf(stderr, "loraplex image: %s has %zu bytes; a %ldx%ld image takes [4][%ld][%ld] float32 = %lld\n",
+                    noise_path, size, width, height, height / 8, width / 8, (long long)nlat * 4);
+            free(data);
+            goto done;
+        }
+        noise = malloc((size_t)nlat * sizeof(float));
+        if (noise) memcpy(noise, data, (size_t)nlat * 4);
+        free(data);
+    }
+    lat = malloc((size_t)nlat * sizeof(float));
+    rgb = malloc((size_t)(width * height * 3));
+    if (!lat || !rgb || (noise_path && !noise)) {
+        fprintf(stderr, "loraplex image: out of memory\n");
+        goto done;
+    }
+    progress pr = {.start = lp_now_seconds()};
+    lp_sd_gen_params gp = {.prompt = prompt, .negative = negative, .width = (int)width, .height = (int)height,
+                           .steps = (int)steps, .cfg = (float)cfg, .sampler = sampler, .scheduler = scheduler,
+                           .seed = (uint64_t)seed, .clip_skip = (int)clip_skip, .n_threads = (int)threads,
+                           .noise = noise, .on_step = on_step, .step_ctx = &pr};
+    if (lp_sd_generate(w, tok, &gp, lat, rgb, &err)) {
+        cli_fail("image", &err);
+        goto done;
+    }
+    if (lat_path && write_raw(lat_path, lat, nlat)) {
+        fprintf(stderr, "loraplex image: cannot write %s\n", lat_path);
+        goto done;
+    }
+    if (lp_png_write(out, rgb, (int)width, (int)height, &err)) {
+        cli_fail("image", &err);
+        goto done;
+    }
+    fprintf(stderr, "loraplex: wrote %s (%ldx%ld, %s, %ld steps, cfg %g, seed %ld) in %.1f s\n", out, width, height,
+            lp_sd_sampler_name(sampler), steps, cfg, seed, lp_now_seconds() - pr.start);
+    rc = 0;
+done:
+    free(noise), free(lat), free(rgb);
+    lp_sd_weights_free(w);
+    lp_clip_tokenizer_free(tok);
+    return rc;
+}

@@ -1,0 +1,745 @@
+/* SD 1.x's text encoder, UNet and VAE decoder as graphs over the image ops
+ * (see sd_graph.h). The UNet and the decoder are op lists built once from
+ * the configuration (the same walk as the layout's, sd_layout.c); the
+ * graph's buffers are sized by walking those lists for the planned batch
+ * and latent size, so a step allocates nothing. */
+#include "sd_graph.h"
+
+#include <math.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../kernels/image_ops.h"
+
+#define GN_EPS_UNET 1e-5f /* ldm's GroupNorm32 */
+#define GN_EPS_XF 1e-6f   /* SpatialTransformer's norm, and the VAE's */
+#define LN_EPS 1e-5f
+
+/* ---- weights ----------------------------------------------------------------------------------- */
+
+typedef struct lin { lp_weight w; const float *b; } lin;                        /* [out][in], bias [out] or NULL */
+typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride; } cnv; /* [out][k][k][in] */
+typedef struct nrm { const float *g, *b; } nrm;
+typedef struct res { nrm n1, n2; cnv c1, c2, skip; lin emb; bool has_skip; } res;
+typedef struct xf { nrm gn, ln1, ln2, ln3; cnv pin, pout; lin q1, k1, v1, o1, q2, k2, v2, o2, ff1, ff2; int32_t c; } xf;
+typedef struct vattn { nrm n; cnv q, k, v, o; } vattn;
+typedef struct te_layer { nrm ln1, ln2; lin q, k, v, o, fc1, fc2; } te_layer;
+
+/* UNet ops; lvl is the resolution level the op reads (0 = full latent) */
+typedef enum { U_RES, U_XF, U_DOWN, U_UP, U_PUSH, U_CAT } uop_kind;
+typedef struct uop { uop_kind kind; int32_t lvl, i; } uop; /* i: into res/xf/conv arrays */
+typedef enum { V_RES, V_ATTN, V_UP } vop_kind;
+typedef struct vop { vop_kind kind; int32_t lvl, i; } vop; /* lvl: 0 = latent size, +1 per x2 */
+
+#define MAX_RES 64
+#define MAX_XF 32
+#define MAX_CONV 16
+#define MAX_UOPS 192
+
+struct lp_sd_weights {
+    lp_sd_config cfg;
+    float *arena;
+    int64_t n_tensors;
+    lp_sd_tensor_desc *desc;
+    float **data;
+    /* text encoder */
+    const float *tok, *pos;
+    te_layer *te;
+    nrm te_final;
+    /* UNet */
+    lin temb0, temb2;
+    cnv conv_in, out_conv, ud[MAX_CONV];
+    nrm out_norm;
+    res ur[MAX_RES];
+    xf ux[MAX_XF];
+    uop uops[MAX_UOPS];
+    int n_uops, n_ud, n_ur, n_ux;
+    /* VAE decoder */
+    cnv post_quant, d_in, d_out, vd[MAX_CONV];
+    nrm d_norm;
+    res vr[MAX_RES];
+    vattn va;
+    vop vops[MAX_UOPS];
+    int n_vops, n_vd, n_vr;
+};
+
+typedef struct conv_ctx {
+    const lp_safetensors *st;
+    const lp_sd_model *m;
+    lp_sd_weights *w;
+    int64_t at, floats;
+    lp_error *err;
+} conv_ctx;
+
+static int count_floats(void *ctx, const lp_sd_tensor_desc *t) {
+    conv_ctx *c = ctx;
+    int64_t n = 1;
+    for (int i = 0; i < t->n_dims; i++) n *= t->shape[i];
+    c->floats += (n + 15) & ~(int64_t)15;
+    c->at++;
+    return 0;
+}
+
+static int convert_one(void *ctx, const lp_sd_tensor_desc *t) {
+    conv_ctx *c = ctx;
+    lp_sd_weights *w = c->w;
+    const lp_st_tensor *st = lp_sd_model_tensor(c->m, t->name);
+    if (!st) return lp_fail(c->err, "no tensor %s", t->name);
+    float *dst = w->arena + c->floats;
+    w->desc[c->at] = *t;
+    w->data[c->at] = dst;
+    c->at++;
+    c->floats += ((int64_t)st->n_elements + 15) & ~(int64_t)15;
+    if (t->n_dims == 4 && (t->shape[2] > 1 || t->shape[3] > 1)) {
+        float *tmp = malloc(st->n_elements * sizeof(float));
+        if (!tmp) return lp_error_set(c->err, LP_ERR_NOMEM, "out of memory converting %s", t->name);
+        int rc = lp_st_to_f32(st, tmp, c->err);
+        if (!rc) lp_conv_weight_repack(tmp, t->shape[0], t->shape[1], t->shape[2], t->shape[3], dst);
+        free(tmp);
+        return rc;
+    }
+    return lp_st_to_f32(st, dst, c->err);
+}
+
+__attribute__((format(printf, 2, 3))) static const float *W(const lp_sd_weights *w, const char *fmt, ...) {
+    char name[160];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    for (int64_t i = 0; i < w->n_tensors; i++)
+        if (!strcmp(w->desc[i].name, name)) return w->data[i];
+    return NULL; /* the loader checked the layout: only a bug gets here */
+}
+
+static lin mk_lin(const lp_sd_weights *w, const char *p, int64_t out, int64_t in, bool bias) {
+    const float *d = W(w, "%s.weight", p);
+    return (lin){.w = {.type = LP_F32, .rows = out, .cols = in, .row_bytes = (size_t)in * 4, .data = d},
+                 .b = bias ? W(w, "%s.bias", p) : NULL};
+}
+
+static cnv mk_conv(const lp_sd_weights *w, const char *p, int32_t cout, int32_t cin, int32_t k, int32_t stride) {
+    int64_t cols = (int64_t)k * k * cin;
+    return (cnv){.w = {.type = LP_F32, .rows = cout, .cols = cols, .row_bytes = (size_t)cols * 4,
+                       .data = W(w, "%s.weight", p)},
+                 .b = W(w, "%s.bias", p), .cin = cin, .cout = cout, .k = k, .stride = stride};
+}
+
+static nrm mk_norm(const lp_sd_weights *w, const char *p) {
+    return (nrm){.g = W(w, "%s.weight", p), .b = W(w, "%s.bias", p)};
+}
+
+static const char *cat2(char *buf, const char *a, const char *b) {
+    size_t na = strlen(a), nb = strlen(b);
+    if (na + nb > 255) nb = na > 255 ? 0 : 255 - na, na = na > 255 ? 255 : na;
+    memcpy(buf, a, na);
+    memcpy(buf + na, b, nb);
+    buf[na + nb] = 0;
+    return buf;
+}
+
+/* ldm ResBlock (UNet, temb > 0) or the VAE's ResnetBlock (temb 0) */
+static res mk_res(const lp_sd_weights *w, const char *p, int32_t cin, int32_t cout, int32_t temb) {
+    char b[256];
+    res r = {.has_skip = cin != cout};
+    if (temb) {
+        r.n1 = mk_norm(w, cat2(b, p, ".in_layers.0"));
+        r.c1 = mk_conv(w, cat2(b, p, ".in_layers.2"), cout, cin, 3, 1);
+        r.emb = mk_lin(w, cat2(b, p, ".emb_layers.1"), cout, temb, true);
+        r.n2 = mk_norm(w, cat2(b, p, ".out_layers.0"));
+        r.c2 = mk_conv(w, cat2(b, p, ".out_layers.3"), cout, cout, 3, 1);
+        if (r.has_skip) r.skip = mk_conv(w, cat2(b, p, ".skip_connection"), cout, cin, 1, 1);
+    } else {
+        r.n1 = mk_norm(w, cat2(b, p, ".norm1"));
+        r.c1 = mk_conv(w, cat2(b, p, ".conv1"), cout, cin, 3, 1);
+        r.n2 = mk_norm(w, cat2(b, p, ".norm2"));
+        r.c2 = mk_conv(w, cat2(b, p, ".conv2"), cout, cout, 3, 1);
+        if (r.has_skip) r.skip = mk_conv(w, cat2(b, p, ".nin_shortcut"), cout, cin, 1, 1);
+    }
+    r.c1.cin = cin;
+    return r;
+}
+
+static xf mk_xf(const lp_sd_weights *w, const char *p, int32_t c, int32_t ctx) {
+    char b[256], t[256];
+    snprintf(t, sizeof t, "%s.transformer_blocks.0.", p);
+    return (xf){
+        .c = c,
+        .gn = mk_norm(w, cat2(b, p, ".norm")),
+        .pin = mk_conv(w, cat2(b, p, ".proj_in"), c, c, 1, 1),
+        .pout = mk_conv(w, cat2(b, p, ".proj_out"), c, c, 1, 1),
+        .ln1 = mk_norm(w, cat2(b, t, "norm1")),
+        .ln2 = mk_norm(w, cat2(b, t, "norm2")),
+        .ln3 = mk_norm(w, cat2(b, t, "norm3")),
+        .q1 = mk_lin(w, cat2(b, t, "attn1.to_q"), c, c, false),
+        .k1 = mk_lin(w, cat2(b, t, "attn1.to_k"), c, c, false),
+        .v1 = mk_lin(w, cat2(b, t, "attn1.to_v"), c, c, false),
+        .o1 = mk_lin(w, cat2(b, t, "attn1.to_out.0"), c, c, true),
+        .q2 = mk_lin(w, cat2(b, t, "attn2.to_q"), c, c, false),
+        .k2 = mk_lin(w, cat2(b, t, "attn2.to_k"), c, ctx, false),
+        .v2 = mk_lin(w, cat2(b, t, "attn2.to_v"), c, ctx, false),
+        .o2 = mk_lin(w, cat2(b, t, "attn2.to_out.0"), c, c, true),
+        .ff1 = mk_lin(w, cat2(b, t, "ff.net.0.proj"), 8 * c, c, true),
+        .ff2 = mk_lin(w, cat2(b, t, "ff.net.2"), c, 4 * c, true),
+    };
+}
+
+static void build_text_encoder(lp_sd_weights *w) {
+    const lp_sd_config *c = &w->cfg;
+    const char *T = "cond_stage_model.transformer.text_model.";
+    char p[256], b[256];
+    int64_t d = c->te_dim;
+    w->tok = W(w, "%sembeddings.token_embedding.weight", T);
+    w->pos = W(w, "%sembeddings.position_embedding.weight", T);
+    for (int l = 0; l < c->te_layers; l++) {
+        snprintf(p, sizeof p, "%sencoder.layers.%d.", T, l);
+        w->te[l] = (te_layer){
+            .ln1 = mk_norm(w, cat2(b, p, "layer_norm1")),
+            .ln2 = mk_norm(w, cat2(b, p, "layer_norm2")),
+            .q = mk_lin(w, cat2(b, p, "self_attn.q_proj"), d, d, true),
+            .k = mk_lin(w, cat2(b, p, "self_attn.k_proj"), d, d, true),
+            .v = mk_lin(w, cat2(b, p, "self_attn.v_proj"), d, d, true),
+            .o = mk_lin(w, cat2(b, p, "self_attn.out_proj"), d, d, true),
+            .fc1 = mk_lin(w, cat2(b, p, "mlp.fc1"), c->te_ffn, d, true),
+            .fc2 = mk_lin(w, cat2(b, p, "mlp.fc2"), d, c->te_ffn, true),
+        };
+    }
+    w->te_final = mk_norm(w, cat2(b, T, "final_layer_norm"));
+}
+
+static void uop_add(lp_sd_weights *w, uop_kind k, int32_t lvl, int32_t i) {
+    w->uops[w->n_uops++] = (uop){.kind = k, .lvl = lvl, .i = i};
+}
+
+static void build_unet(lp_sd_weights *w) {
+    const lp_sd_config *c = &w->cfg;
+    const char *U = "model.diffusion_model.";
+    char p[256];
+    int32_t ch = c->unet_ch, temb = 4 * ch, cur = ch, skips[64];
+    int n_skips = 0, idx = 1;
+    w->temb0 = mk_lin(w, cat2(p, U, "time_embed.0"), temb, ch, true);
+    w->temb2 = mk_lin(w, cat2(p, U, "time_embed.2"), temb, temb, true);
+    w->conv_in = mk_conv(w, cat2(p, U, "input_blocks.0.0"), ch, c->unet_in, 3, 1);
+    uop_add(w, U_PUSH, 0, 0);
+    skips[n_skips++] = ch;
+    for (int l = 0; l < c->unet_levels; l++) {
+        int32_t out = ch * c->unet_mult[l];
+        for (int r = 0; r < c->unet_res_blocks; r++, idx++) {
+            snprintf(p, sizeof p, "%sinput_blocks.%d.0", U, idx);
+            w->ur[w->n_ur] = mk_res(w, p, cur, out, temb);
+            uop_add(w, U_RES, l, w->n_ur++);
+            cur = out;
+            if (c->unet_attn[l]) {
+                snprintf(p, sizeof p, "%sinput_blocks.%d.1", U, idx);
+                w->ux[w->n_ux] = mk_xf(w, p, cur, c->context_dim);
+                uop_add(w, U_XF, l, w->n_ux++);
+            }
+            uop_add(w, U_PUSH, l, 0);
+            skips[n_skips++] = cur;
+        }
+        if (l + 1 < c->unet_levels) {
+            snprintf(p, sizeof p, "%sinput_blocks.%d.0.op", U, idx++);
+            w->ud[w->n_ud] = mk_conv(w, p, cur, cur, 3, 2);
+            uop_add(w, U_DOWN, l, w->n_ud++);
+            uop_add(w, U_PUSH, l + 1, 0);
+            skips[n_skips++] = cur;
+        }
+    }
+    int L = c->unet_levels - 1;
+    w->ur[w->n_ur] = mk_res(w, cat2(p, U, "middle_block.0"), cur, cur, temb);
+    uop_add(w, U_RES, L, w->n_ur++);
+    w->ux[w->n_ux] = mk_xf(w, cat2(p, U, "middle_block.1"), cur, c->context_dim);
+    uop_add(w, U_XF, L, w->n_ux++);
+    w->ur[w->n_ur] = mk_res(w, cat2(p, U, "middle_block.2"), cur, cur, temb);
+    uop_add(w, U_RES, L, w->n_ur++);
+    idx = 0;
+    for (int l = L; l >= 0; l--) {
+        int32_t out = ch * c->unet_mult[l];
+        for (int r = 0; r <= c->unet_res_blocks; r++, idx++) {
+            int32_t skip = skips[--n_skips];
+            uop_add(w, U_CAT, l, skip);
+            snprintf(p, sizeof p, "%soutput_blocks.%d.0", U, idx);
+            w->ur[w->n_ur] = mk_res(w, p, cur + skip, out, temb);
+            uop_add(w, U_RES, l, w->n_ur++);
+            cur = out;
+            int k = 1;
+            if (c->unet_attn[l]) {
+                snprintf(p, sizeof p, "%soutput_blocks.%d.1", U, idx);
+                w->ux[w->n_ux] = mk_xf(w, p, cur, c->context_dim);
+                uop_add(w, U_XF, l, w->n_ux++);
+                k = 2;
+            }
+            if (l > 0 && r == c->unet_res_blocks) {
+                snprintf(p, sizeof p, "%soutput_blocks.%d.%d.conv", U, idx, k);
+                w->ud[w->n_ud] = mk_conv(w, p, cur, cur, 3, 1);
+                uop_add(w, U_UP, l, w->n_ud++);
+            }
+        }
+    }
+    w->out_norm = mk_norm(w, cat2(p, U, "out.0"));
+    w->out_conv = mk_conv(w, cat2(p, U, "out.2"), c->unet_out, ch, 3, 1);
+}
+
+static void build_vae_decoder(lp_sd_weights *w) {
+    const lp_sd_config *c = &w->cfg;
+    const char *D = "first_stage_model.decoder.";
+    char p[256];
+    int32_t ch = c->vae_ch, cur = ch * c->vae_mult[c->vae_levels - 1];
+    w->post_quant = mk_conv(w, "first_stage_model.post_quant_conv", c->vae_z, c->vae_z, 1, 1);
+    w->d_in = mk_conv(w, cat2(p, D, "conv_in"), cur, c->vae_z, 3, 1);
+    w->vr[w->n_vr] = mk_res(w, cat2(p, D, "mid.block_1"), cur, cur, 0);
+    w->vops[w->n_vops++] = (vop){.kind = V_RES, .lvl = 0, .i = w->n_vr++};
+    w->va = (vattn){.n = mk_norm(w, cat2(p, D, "mid.attn_1.norm")),
+                    .q = mk_conv(w, cat2(p, D, "mid.attn_1.q"), cur, cur, 1, 1),
+                    .k = mk_conv(w, cat2(p, D, "mid.attn_1.k"), cur, cur, 1, 1),
+                    .v = mk_conv(w, cat2(p, D, "mid.attn_1.v"), cur, cur, 1, 1),
+                    .o = mk_conv(w, cat2(p, D, "mid.attn_1.proj_out"), cur, cur, 1, 1)};
+    w->vops[w->n_vops++] = (vop){.kind = V_ATTN, .lvl = 0, .i = 0};
+    w->vr[w->n_vr] = mk_res(w, cat2(p, D, "mid.block_2"), cur, cur, 0);
+    w->vops[w->n_vops++] = (vop){.kind = V_RES, .lvl = 0, .i = w->n_vr++};
+    int lvl = 0;
+    for (int l = c->vae_levels - 1; l >= 0; l--) {
+        int32_t out = ch * c->vae_mult[l];
+        for (int r = 0; r <= c->vae_res_blocks; r++) {
+            snprintf(p, sizeof p, "%sup.%d.block.%d", D, l, r);
+            w->vr[w->n_vr] = mk_res(w, p, cur, out, 0);
+            w->vops[w->n_vops++] = (vop){.kind = V_RES, .lvl = lvl, .i = w->n_vr++};
+            cur = out;
+        }
+        if (l > 0) {
+            snprintf(p, sizeof p, "%sup.%d.upsample.conv", D, l);
+            w->vd[w->n_vd] = mk_conv(w, p, cur, cur, 3, 1);
+            w->vops[w->n_vops++] = (vop){.kind = V_UP, .lvl = lvl++, .i = w->n_vd++};
+        }
+    }
+    w->d_norm = mk_norm(w, cat2(p, D, "norm_out"));
+    w->d_out = mk_conv(w, cat2(p, D, "conv_out"), c->vae_img, cur, 3, 1);
+}
+
+lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err) {
+    const lp_sd_config *c = lp_sd_model_config(m);
+    if (c->unet_levels * (c->unet_res_blocks + 2) * 2 + 2 > MAX_RES || c->vae_levels * (c->vae_res_blocks + 1) + 2 > MAX_RES ||
+        c->unet_levels * (c->unet_res_blocks * 2 + 1) + 1 > MAX_XF)
+        return lp_fail(err, "SD model too deep for this build"), NULL;
+    lp_sd_weights *w = calloc(1, sizeof *w);
+    if (!w) return lp_error_set(err, LP_ERR_NOMEM, "out of memory"), NULL;
+    w->cfg = *c;
+    conv_ctx k = {.m = m, .w = w, .err = err};
+    lp_sd_layout(c, count_floats, &k);
+    w->n_tensors = k.at;
+    w->arena = lp_alloc_uninit((size_t)k.floats * sizeof(float));
+    w->desc = malloc((size_t)k.at * sizeof *w->desc);
+    w->data = malloc((size_t)k.at * sizeof *w->data);
+    w->te = calloc((size_t)c->te_layers, sizeof *w->te);
+    if (!w->arena || !w->desc || !w->data || !w->te) {
+        lp_sd_weights_free(w);
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory for %lld weights", (long long)k.floats), NULL;
+    }
+    k.at = 0;
+    k.floats = 0;
+    if (lp_sd_layout(c, convert_one, &k)) {
+        lp_sd_weights_free(w);
+        return NULL;
+    }
+    build_text_encoder(w);
+    build_unet(w);
+    build_vae_decoder(w);
+    return w;
+}
+
+void lp_sd_weights_free(lp_sd_weights *w) {
+    if (!w) return;
+    lp_free(w->arena);
+    free(w->desc), free(w->data), free(w->te);
+    free(w);
+}
+
+const lp_sd_config *lp_sd_weights_config(const lp_sd_weights *w) { return &w->cfg; }
+
+/* ---- the graph's buffers ------------------------------------------------------------------------- */
+
+struct lp_sd_graph {
+    const lp_sd_weights *w;
+    lp_kernels k;
+    lp_threadpool *pool;
+    int max_batch, lat_h, lat_w;
+    float *arena;
+    /* UNet / VAE: four activation buffers of s2 floats, one of s8 (the
+     * transformer's q k v o and its feed-forward), the skips */
+    float *a, *b, *c, *d, *e, *skips, *temb, *temb_s, *embo, *ctx_kv, *conv_scratch, *attn_scratch;
+    /* text encoder */
+    float *tx, *th, *tqkv, *tff;
+};
+
+static int64_t lvl_pixels(const lp_sd_graph *g, int lvl) { return (int64_t)(g->lat_h >> lvl) * (g->lat_w >> lvl); }
+static int64_t vlvl_pixels(const lp_sd_graph *g, int lvl) { return ((int64_t)g->lat_h << lvl) * ((int64_t)g->lat_w << lvl); }
+
+static int64_t imax(int64_t a, int64_t b) { return a > b ? a : b; }
+
+/* lp_conv2d's scratch for any image size: its tile never exceeds 256 pixels */
+static size_t conv_scratch_for(const cnv *c) {
+    return c->k == 1 && c->stride == 1 ? 0 : (size_t)256 * (size_t)(c->k * c->k) * (size_t)c->cin;
+}
+
+lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h, int lat_w, int n_threads,
+                                lp_error *err) {
+    const lp_sd_config *c = &w->cfg;
+    int f = 1 << (c->unet_levels - 1);
+    if (max_batch < 1 || max_batch > 64 || lat_h < 1 || lat_w < 1 || lat_h % f || lat_w % f || lat_h > 1024 ||
+        lat_w > 1024)
+        return lp_fail(err, "SD graph: latent %dx%d (multiples of %d, at most 1024) for batch %d (1..64)", lat_h,
+                       lat_w, f, max_batch), NULL;
+    lp_sd_graph *g = calloc(1, sizeof *g);
+    if (!g) return lp_error_set(err, LP_ERR_NOMEM, "out of memory"), NULL;
+    *g = (lp_sd_graph){.w = w, .max_batch = max_batch, .lat_h = lat_h, .lat_w = lat_w};
+    lp_cpu_features cpu;
+    lp_cpu_detect(&cpu);
+    lp_kernels_init(&g->k, &cpu);
+    if (n_threads > 1 && !(g->pool = lp_threadpool_create(n_threads, err))) {
+        free(g);
+        return NULL;
+    }
+    /* sizes from the op lists */
+    int64_t n = max_batch, s2 = n * lvl_pixels(g, 0) * imax(c->unet_ch, c->unet_in), s8 = 0, skips = 0;
+    size_t cs = imax((int64_t)conv_scratch_for(&w->conv_in), (int64_t)conv_scratch_for(&w->out_conv));
+    int32_t cur = c->unet_ch;
+    for (int i = 0; i < w->n_uops; i++) {
+        const uop *o = &w->uops[i];
+        int64_t px = n * lvl_pixels(g, o->lvl);
+        switch (o->kind) {
+        case U_PUSH: skips += px * cur; break;
+        case U_CAT: s2 = imax(s2, px * (cur + o->i)); break;
+        case U_RES: {
+            const res *r = &w->ur[o->i];
+            cur = r->c2.cout;
+            s2 = imax(s2, px * imax(r->c1.cin, cur));
+            cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&r->c1), (int64_t)conv_scratch_for(&r->c2)));
+            break;
+        }
+        case U_XF: s8 = imax(s8, px * 8 * cur); break;
+        case U_DOWN: cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->ud[o->i])); break;
+        case U_UP:
+            s2 = imax(s2, 4 * px * cur);
+            cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->ud[o->i]));
+            break;
+        }
+    }
+    cur = c->vae_ch * c->vae_mult[c->vae_levels - 1];
+    s2 = imax(s2, n * vlvl_pixels(g, 0) * cur);
+    s8 = imax(s8, 4 * n * vlvl_pixels(g, 0) * cur); /* the mid attention's q k v o */
+    cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->d_in));
+    cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->d_out));
+    for (int i = 0; i < w->n_vops; i++) {
+        const vop *o = &w->vops[i];
+        int64_t px = n * vlvl_pixels(g, o->lvl);
+        if (o->kind == V_RES) {
+            const res *r = &w->vr[o->i];
+            s2 = imax(s2, px * imax(r->c1.cin, r->c2.cout));
+            cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&r->c1), (int64_t)conv_scratch_for(&r->c2)));
+            cur = r->c2.cout;
+        } else if (o->kind == V_UP) {
+            s2 = imax(s2, 4 * px * cur);
+            cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->vd[o->i]));
+        }
+    }
+    s2 = imax(s2, n * vlvl_pixels(g, c->vae_levels - 1) * imax(c->vae_ch, c->vae_img));
+    int64_t te_rows = n * c->te_ctx, xfc = c->unet_ch * 16; /* widest transformer: at most 16x */
+    int nt = g->pool ? lp_threadpool_size(g->pool) : 1;
+    int64_t attn_d = imax(imax(xfc, c->te_dim), (int64_t)c->vae_ch * c->vae_mult[c->vae_levels - 1]);
+    int64_t sizes[] = {
+        s2, s2, s2, s2, s8, skips,
+        n * 4 * c->unet_ch, n * 4 * c->unet_ch, n * xfc,              /* temb, silu(temb), emb_layers out */
+        2 * n * c->te_ctx * xfc,                                       /* cross-attention keys and values */
+        (int64_t)cs,
+        (int64_t)lp_attention_scratch_floats(nt, attn_d),
+        te_rows * c->te_dim, te_rows * c->te_dim, 4 * te_rows * c->te_dim, te_rows * c->te_ffn,
+    };
+    float **ptrs[] = {&g->a, &g->b, &g->c, &g->d, &g->e, &g->skips, &g->temb, &g->temb_s, &g->embo, &g->ctx_kv,
+                      &g->conv_scratch, &g->attn_scratch, &g->tx, &g->th, &g->tqkv, &g->tff};
+    int64_t total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~(int64_t)15;
+    g->arena = lp_alloc_uninit((size_t)total * sizeof(float));
+    if (!g->arena) {
+        lp_sd_graph_free(g);
+        return lp_error_set(err, LP_ERR_NOMEM, "SD graph: out of memory (%lld MB of buffers)",
+                            (long long)(total * 4 >> 20)), NULL;
+    }
+    total = 0;
+    for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) {
+        *ptrs[i] = g->arena + total;
+        total += (sizes[i] + 15) & ~(int64_t)15;
+    }
+    return g;
+}
+
+void lp_sd_graph_free(lp_sd_graph *g) {
+    if (!g) return;
+    lp_free(g->arena);
+    lp_threadpool_destroy(g->pool);
+    lp_kernels_free(&g->k);
+    free(g);
+}
+
+/* ---- op helpers ------------------------------------------------------------------------------------ */
+
+static void run_lin(lp_sd_graph *g, const lin *l, const float *x, int64_t rows, float *y) {
+    lp_matmul(&g->k, g->pool, &l->w, x, l->w.cols, rows, y, l->w.rows);
+    if (l->b)
+        for (int64_t r = 0; r < rows; r++)
+            for (int64_t i = 0; i < l->w.rows; i++) y[r * l->w.rows + i] += l->b[i];
+}
+
+static void run_conv(lp_sd_graph *g, const cnv *c, const float *x, int n, int h, int w, float *y) {
+    lp_conv2d_shape s = {.n = n, .h = h, .w = w, .cin = c->cin, .cout = c->cout, .kh = c->k, .kw = c->k,
+                         .stride = c->stride, .pad = c->k / 2};
+    lp_conv2d(&g->k, g->pool, &s, &c->w, c->b, x, y, g->conv_scratch);
+}
+
+static void run_gn(const lp_sd_graph *g, const nrm *nm, const float *x, float *y, int n, int64_t px, int64_t c,
+                   float eps, bool silu) {
+    for (int i = 0; i < n; i++)
+        lp_group_norm(x + i * px * c, y + i * px * c, px, c, g->w->cfg.groups, nm->g, nm->b, eps, silu);
+}
+
+static void add(float *y, const float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* One head group over each image: q rows [px][c], keys/values [nk][c]. */
+static void run_attn(lp_sd_graph *g, const float *q, const float *k, const float *v, float *o, int n, int64_t nq,
+                     int64_t nk, int64_t c, int heads, bool causal) {
+    int64_t d = c / heads;
+    lp_attn_shape s = {.nq = nq, .nk = nk, .heads = heads, .d = d, .q_stride = c, .k_stride = c, .v_stride = c,
+                       .out_stride = c, .scale = 1.0f / sqrtf((float)d), .causal = causal};
+    for (int i = 0; i < n; i++)
+        lp_attention_tiled(&g->k, g->pool, &s, q + i * nq * c, k + i * nk * c, v + i * nk * c, o + i * nq * c,
+                           g->attn_scratch);
+}
+
+/* ---- text encoder ------------------------------------------------------------------------------------ */
+
+int lp_sd_text_encode(lp_sd_graph *g, const int32_t *ids, int batch, int clip_skip, float *out, lp_error *err) {
+    const lp_sd_weights *w = g->w;
+    const lp_sd_config *c = &w->cfg;
+    if (batch < 1 || batch > g->max_batch) return lp_fail(err, "text encoder: batch %d (1..%d)", batch, g->max_batch);
+    if (clip_skip < 1 || clip_skip > c->te_layers)
+        return lp_fail(err, "text encoder: clip skip %d (1..%d)", clip_skip, c->te_layers);
+    int64_t T = c->te_ctx, D = c->te_dim, rows = batch * T;
+    for (int64_t r = 0; r < rows; r++) {
+        int32_t id = ids[r];
+        if (id < 0 || id >= c->te_vocab) return lp_fail(err, "text encoder: token id %d (vocabulary %d)", id, c->te_vocab);
+        for (int64_t i = 0; i < D; i++) g->tx[r * D + i] = w->tok[(int64_t)id * D + i] + w->pos[(r % T) * D + i];
+    }
+    float *q = g->tqkv, *k = q + rows * D, *v = k + rows * D, *o = v + rows * D;
+    for (int l = 0; l < c->te_layers - (clip_skip - 1); l++) {
+        const te_layer *L = &w->te[l];
+        lp_layer_norm(g->th, g->tx, rows, D, L->ln1.g, L->ln1.b, LN_EPS);
+        run_lin(g, &L->q, g->th, rows, q);
+        run_lin(g, &L->k, g->th, rows, k);
+        run_lin(g, &L->v, g->th, rows, v);
+        run_attn(g, q, k, v, o, batch, T, T, D, c->te_heads, true);
+        run_lin(g, &L->o, o, rows, g->th);
+        add(g->tx, g->th, rows * D);
+        lp_layer_norm(g->th, g->tx, rows, D, L->ln2.g, L->ln2.b, LN_EPS);
+        run_lin(g, &L->fc1, g->th, rows, g->tff);
+        lp_quick_gelu(g->tff, rows * c->te_ffn);
+        run_lin(g, &L->fc2, g->tff, rows, g->th);
+        add(g->tx, g->th, rows * D);
+    }
+    lp_layer_norm(out, g->tx, rows, D, w->te_final.g, w->te_final.b, LN_EPS);
+    return 0;
+}
+
+/* ---- UNet ---------------------------------------------------------------------------------------------- */
+
+/* x [n][px][cin] -> out [n][px][cout]; t1, t2 scratch of n*px*max(cin, cout). embo [n][cout]: the block's
+ * time-embedding projection (NULL in the VAE). */
+static void run_res(lp_sd_graph *g, const res *r, const float *x, float *out, float *t1, float *t2, int n, int h,
+                    int w, const float *embo, float eps) {
+    int64_t px = (int64_t)h * w, cin = r->c1.cin, cout = r->c2.cout;
+    run_gn(g, &r->n1, x, t1, n, px, cin, eps, true);
+    run_conv(g, &r->c1, t1, n, h, w, t2);
+    if (embo)
+        for (int i = 0; i < n; i++)
+            for (int64_t p = 0; p < px; p++) add(t2 + (i * px + p) * cout, embo + i * cout, cout);
+    run_gn(g, &r->n2, t2, t1, n, px, cout, eps, true);
+    run_conv(g, &r->c2, t1, n, h, w, out);
+    if (r->has_skip) {
+        run_conv(g, &r->skip, x, n, h, w, t2);
+        add(out, t2, n * px * cout);
+    } else {
+        add(out, x, n * px * cout);
+    }
+}
+
+/* SpatialTransformer: x [n][px][c] -> out; c, d scratch, e the big one. */
+static void run_xf(lp_sd_graph *g, const xf *t, const float *x, float *out, float *sc, float *sd, float *e, int n,
+                   int h, int w, const float *ctx) {
+    const lp_sd_config *cf = &g->w->cfg;
+    int64_t px = (int64_t)h * w, c = t->c, rows = n * px, T = cf->te_ctx;
+    int heads = cf->unet_heads;
+    float *q = e, *k = e + rows * c, *v = k + rows * c, *o = v + rows * c;
+    run_gn(g, &t->gn, x, sc, n, px, c, GN_EPS_XF, false);
+    run_conv(g, &t->pin, sc, n, h, w, sd);
+    /* self-attention */
+    lp_layer_norm(sc, sd, rows, c, t->ln1.g, t->ln1.b, LN_EPS);
+    run_lin(g, &t->q1, sc, rows, q);
+    run_lin(g, &t->k1, sc, rows, k);
+    run_lin(g, &t->v1, sc, rows, v);
+    run_attn(g, q, k, v, o, n, px, px, c, heads, false);
+    run_lin(g, &t->o1, o, rows, sc);
+    add(sd, sc, rows * c);
+    /* cross-attention over the row's text context */
+    float *kc = g->ctx_kv, *vc = kc + n * T * c;
+    lp_layer_norm(sc, sd, rows, c, t->ln2.g, t->ln2.b, LN_EPS);
+    run_lin(g, &t->q2, sc, rows, q);
+    run_lin(g, &t->k2, ctx, n * T, kc);
+    run_lin(g, &t->v2, ctx, n * T, vc);
+    run_attn(g, q, kc, vc, o, n, px, T, c, heads, false);
+    run_lin(g, &t->o2, o, rows, sc);
+    add(sd, sc, rows * c);
+    /* GEGLU feed-forward */
+    lp_layer_norm(sc, sd, rows, c, t->ln3.g, t->ln3.b, LN_EPS);
+    run_lin(g, &t->ff1, sc, rows, e);
+    lp_geglu(e, 4 * c, e, rows, 4 * c);
+    run_lin(g, &t->ff2, e, rows, sc);
+    add(sd, sc, rows * c);
+    run_conv(g, &t->pout, sd, n, h, w, out);
+    add(out, x, rows * c);
+}
+
+/* ldm's timestep_embedding: [cos(t f_i), sin(t f_i)], f_i = 10000^(-i / half) */
+static void timestep_embedding(const float *t, int n, int32_t dim, float *out) {
+    int32_t half = dim / 2;
+    for (int b = 0; b < n; b++)
+        for (int32_t i = 0; i < half; i++) {
+            double f = exp(-log(10000.0) * i / half), a = (double)t[b] * f;
+            out[b * dim + i] = (float)cos(a);
+            out[b * dim + half + i] = (float)sin(a);
+        }
+}
+
+int lp_sd_unet(lp_sd_graph *g, const float *x, const float *t, const float *ctx, int batch, float *eps,
+               lp_error *err) {
+    const lp_sd_weights *w = g->w;
+    const lp_sd_config *c = &w->cfg;
+    if (batch < 1 || batch > g->max_batch) return lp_fail(err, "UNet: batch %d (1..%d)", batch, g->max_batch);
+    int n = batch, ch = c->unet_ch;
+    /* time embedding: the sinusoid, linear, SiLU, linear; every ResBlock then takes SiLU of it */
+    timestep_embedding(t, n, ch, g->temb_s);
+    run_lin(g, &w->temb0, g->temb_s, n, g->temb);
+    lp_silu(g->temb, n * 4 * ch);
+    run_lin(g, &w->temb2, g->temb, n, g->temb_s);
+    lp_silu(g->temb_s, n * 4 * ch);
+
+    float *cur = g->a, *nxt = g->b;
+    int32_t cc = ch;
+    run_conv(g, &w->conv_in, x, n, g->lat_h, g->lat_w, cur);
+    /* skips: stacked in push order, each [n][px][ch] */
+    int64_t skip_off[64], top = 0;
+    int32_t skip_ch[64];
+    int n_sk = 0;
+    for (int i = 0; i < w->n_uops; i++) {
+        const uop *o = &w->uops[i];
+        int h = g->lat_h >> o->lvl, wd = g->lat_w >> o->lvl;
+        int64_t px = (int64_t)h * wd;
+        switch (o->kind) {
+        case U_PUSH:
+            memcpy(g->skips + top, cur, sizeof(float) * (size_t)(n * px * cc));
+            skip_off[n_sk] = top;
+            skip_ch[n_sk++] = cc;
+            top += n * px * cc;
+            break;
+        case U_CAT: { /* [h | skip] per pixel, h first (torch.cat([h, hs.pop()], 1)) */
+            int32_t sc = skip_ch[--n_sk];
+            const float *s = g->skips + skip_off[n_sk];
+            top = skip_off[n_sk];
+            for (int64_t p = 0; p < n * px; p++) {
+                memcpy(nxt + p * (cc + sc), cur + p * cc, sizeof(float) * (size_t)cc);
+                memcpy(nxt + p * (cc + sc) + cc, s + p * sc, sizeof(float) * (size_t)sc);
+            }
+            cc += sc;
+            float *tmp = cur;
+            cur = nxt, nxt = tmp;
+            break;
+        }
+        case U_RES: {
+            const res *r = &w->ur[o->i];
+            run_lin(g, &r->emb, g->temb_s, n, g->embo);
+            run_res(g, r, cur, nxt, g->c, g->d, n, h, wd, g->embo, GN_EPS_UNET);
+            cc = r->c2.cout;
+            float *tmp = cur;
+            cur = nxt, nxt = tmp;
+            break;
+        }
+        case U_XF: {
+            run_xf(g, &w->ux[o->i], cur, nxt, g->c, g->d, g->e, n, h, wd, ctx);
+            float *tmp = cur;
+            cur = nxt, nxt = tmp;
+            break;
+        }
+        case U_DOWN: {
+            run_conv(g, &w->ud[o->i], cur, n, h, wd, nxt);
+            float *tmp = cur;
+            cur = nxt, nxt = tmp;
+            break;
+        }
+        case U_UP:
+            for (int b = 0; b < n; b++)
+                lp_upsample_nearest2x(cur + b * px * cc, nxt + b * 4 * px * cc, h, wd, cc);
+            run_conv(g, &w->ud[o->i], nxt, n, 2 * h, 2 * wd, cur);
+            break;
+        }
+    }
+    int64_t px = (int64_t)g->lat_h * g->lat_w;
+    run_gn(g, &w->out_norm, cur, nxt, n, px, cc, GN_EPS_UNET, true);
+    run_conv(g, &w->out_conv, nxt, n, g->lat_h, g->lat_w, eps);
+    return 0;
+}
+
+/* ---- VAE decoder ---------------------------------------------------------------------------------------- */
+
+int lp_sd_vae_decode(lp_sd_graph *g, const float *z, int batch, float *img, lp_error *err) {
+    const lp_sd_weights *w = g->w;
+    const lp_sd_config *c = &w->cfg;
+    if (batch < 1 || batch > g->max_batch) return lp_fail(err, "VAE: batch %d (1..%d)", batch, g->max_batch);
+    int n = batch, h = g->lat_h, wd = g->lat_w;
+    int64_t px = (int64_t)h * wd;
+    float *cur = g->a, *nxt = g->b;
+    for (int64_t i = 0; i < n * px * c->vae_z; i++) g->c[i] = z[i] / LP_SD_VAE_SCALE;
+    run_conv(g, &w->post_quant, g->c, n, h, wd, g->d);
+    run_conv(g, &w->d_in, g->d, n, h, wd, cur);
+    int32_t cc = w->d_in.cout;
+    for (int i = 0; i < w->n_vops; i++) {
+        const vop *o = &w->vops[i];
+        int hh = h << o->lvl, ww = wd << o->lvl;
+        int64_t p = (int64_t)hh * ww;
+        if (o->kind == V_RES) {
+            const res *r = &w->vr[o->i];
+            run_res(g, r, cur, nxt, g->c, g->d, n, hh, ww, NULL, GN_EPS_XF);
+            cc = r->c2.cout;
+        } else if (o->kind == V_ATTN) { /* one head over every pixel */
+            const vattn *a = &w->va;
+            float *q = g->e, *k = q + n * p * cc, *v = k + n * p * cc, *ao = v + n * p * cc;
+            run_gn(g, &a->n, cur, g->c, n, p, cc, GN_EPS_XF, false);
+            run_conv(g, &a->q, g->c, n, hh, ww, q);
+            run_conv(g, &a->k, g->c, n, hh, ww, k);
+            run_conv(g, &a->v, g->c, n, hh, ww, v);
+            run_attn(g, q, k, v, ao, n, p, p, cc, 1, false);
+            run_conv(g, &a->o, ao, n, hh, ww, nxt);
+            add(nxt, cur, n * p * cc);
+        } else {
+            for (int b = 0; b < n; b++) lp_upsample_nearest2x(cur + b * p * cc, g->c + b * 4 * p * cc, hh, ww, cc);
+            run_conv(g, &w->vd[o->i], g->c, n, 2 * hh, 2 * ww, nxt);
+        }
+        float *tmp = cur;
+        cur = nxt, nxt = tmp;
+    }
+    int f = 1 << (c->vae_levels - 1);
+    int64_t op = px * f * f;
+    run_gn(g, &w->d_norm, cur, nxt, n, op, cc, GN_EPS_XF, true);
+    run_conv(g, &w->d_out, nxt, n, h * f, wd * f, img);
+    return 0;
+}

@@ -1,0 +1,42 @@
+/* The three graphs of Stable Diffusion 1.x over the image ops, in float:
+ * the CLIP text encoder, the UNet (one denoising step for a batch of
+ * latents, each row its own timestep and context) and the VAE decoder.
+ *
+ * lp_sd_weights converts a loaded checkpoint to f32 once (conv kernels
+ * repacked to lp_conv2d's column order). lp_sd_graph plans every
+ * activation buffer once for a batch and latent size; the calls allocate
+ * nothing. Activations are channels last (image_ops.h). */
+#ifndef LP_IMAGE_SD_GRAPH_H
+#define LP_IMAGE_SD_GRAPH_H
+
+#include <stdint.h>
+
+#include "../base/base.h"
+#include "sd.h"
+
+typedef struct lp_sd_weights lp_sd_weights;
+lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err);
+void lp_sd_weights_free(lp_sd_weights *w);
+const lp_sd_config *lp_sd_weights_config(const lp_sd_weights *w);
+
+typedef struct lp_sd_graph lp_sd_graph;
+/* Buffers for up to max_batch rows of lat_h x lat_w latents (multiples of
+ * 2^(UNet levels - 1)); n_threads workers (1: none). */
+lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h, int lat_w, int n_threads,
+                                lp_error *err);
+void lp_sd_graph_free(lp_sd_graph *g);
+
+/* ids [batch][te_ctx] -> out [batch][te_ctx][te_dim]: the last hidden state
+ * after the final layer norm; clip_skip k >= 1 stops k - 1 layers early
+ * (then the final norm), as "clip skip" does in SD front ends. */
+int lp_sd_text_encode(lp_sd_graph *g, const int32_t *ids, int batch, int clip_skip, float *out, lp_error *err);
+/* x [batch][lat_h][lat_w][unet_in], t[batch] timesteps, ctx
+ * [batch][te_ctx][context_dim] -> eps [batch][lat_h][lat_w][unet_out]. */
+int lp_sd_unet(lp_sd_graph *g, const float *x, const float *t, const float *ctx, int batch, float *eps,
+               lp_error *err);
+/* z [batch][lat_h][lat_w][vae_z] (scaled latents: divided by 0.18215
+ * first) -> img [batch][lat_h*f][lat_w*f][vae_img], f = 2^(VAE levels - 1),
+ * values about [-1, 1]. */
+int lp_sd_vae_decode(lp_sd_graph *g, const float *z, int batch, float *img, lp_error *err);
+
+#endif

@@ -1,0 +1,35 @@
+/* Text to image with SD 1.x: tokenize, encode the prompt (and the negative
+ * prompt when guidance is on), sample the latent with the UNet, decode it.
+ * Classifier-free guidance runs the unconditional and the conditional rows
+ * as one UNet batch of 2. Deterministic for a seed: the initial noise and
+ * the ancestral samplers' noise come from lp_rng seeded with it. */
+#ifndef LP_IMAGE_SD_PIPELINE_H
+#define LP_IMAGE_SD_PIPELINE_H
+
+#include <stdint.h>
+
+#include "../base/base.h"
+#include "../tokenizer/clip.h"
+#include "sd_graph.h"
+#include "sd_sample.h"
+
+typedef struct lp_sd_gen_params {
+    const char *prompt, *negative; /* negative NULL: "" */
+    int width, height;             /* pixels, multiples of 8 * 2^(UNet levels - 1) */
+    int steps;
+    float cfg;                     /* 1: no guidance (one row) */
+    int sampler, scheduler;        /* LP_SD_SAMPLER_*, LP_SD_SCHED_* */
+    uint64_t seed;
+    int clip_skip;                 /* 1: the last layer */
+    int n_threads;
+    const float *noise;            /* NULL, or the initial noise [4][h/8][w/8] */
+    lp_sd_step_fn on_step;
+    void *step_ctx;
+} lp_sd_gen_params;
+
+/* latents_out (may be NULL): the final latent [4][h/8][w/8] (channels
+ * first, as --latents-out writes it); rgb: height x width x 3 bytes. */
+int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const lp_sd_gen_params *p,
+                   float *latents_out, uint8_t *rgb, lp_error *err);
+
+#endif

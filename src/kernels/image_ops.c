@@ -1,0 +1,282 @@
+/* The ops of an image model, channels last (see image_ops.h). Plain C: the
+ * heavy part of a convolution is lp_matmul's, which has the SIMD paths. */
+#include "image_ops.h"
+
+#include <float.h>
+#include <math.h>
+#include <string.h>
+
+/* ---- convolution ------------------------------------------------------------- */
+
+int32_t lp_conv2d_out_h(const lp_conv2d_shape *s) {
+    return s->stride > 0 ? (s->h + 2 * s->pad - s->kh) / s->stride + 1 : 0;
+}
+
+int32_t lp_conv2d_out_w(const lp_conv2d_shape *s) {
+    return s->stride > 0 ? (s->w + 2 * s->pad - s->kw) / s->stride + 1 : 0;
+}
+
+bool lp_conv2d_shape_ok(const lp_conv2d_shape *s) {
+    if (s->n <= 0 || s->h <= 0 || s->w <= 0 || s->cin <= 0 || s->cout <= 0 || s->kh <= 0 || s->kw <= 0 ||
+        s->stride <= 0 || s->pad < 0 || s->pad >= s->kh || s->pad >= s->kw)
+        return false;
+    if ((int64_t)s->h + 2 * (int64_t)s->pad < s->kh || (int64_t)s->w + 2 * (int64_t)s->pad < s->kw) return false;
+    size_t px, k, t;
+    return lp_mul_ok((size_t)s->h, (size_t)s->w, &px) && lp_mul_ok(px, (size_t)s->n, &t) &&
+           lp_mul_ok(t, (size_t)(s->cin > s->cout ? s->cin : s->cout), &t) &&
+           lp_mul_ok((size_t)s->kh * (size_t)s->kw, (size_t)s->cin, &k) && t < ((size_t)1 << 60);
+}
+
+static bool conv_is_pointwise(const lp_conv2d_shape *s) {
+    return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0;
+}
+
+int64_t lp_conv2d_tile_pixels(const lp_conv2d_shape *s) {
+    int64_t k = (int64_t)s->kh * s->kw * s->cin;
+    int64_t t = ((int64_t)2 << 20) / (4 * k);
+    if (t > 256) t = 256;
+    t &= ~(int64_t)15;
+    if (t < 16) t = 16;
+    int64_t out = (int64_t)lp_conv2d_out_h(s) * lp_conv2d_out_w(s);
+    return t < out ? t : out;
+}
+
+size_t lp_conv2d_scratch_floats(const lp_conv2d_shape *s) {
+    if (conv_is_pointwise(s)) return 0;
+    return (size_t)lp_conv2d_tile_pixels(s) * (size_t)s->kh * (size_t)s->kw * (size_t)s->cin;
+}
+
+/* Gathers output pixels [p0, p0 + np) of one image into panel rows of
+ * kh*kw*cin floats, (ky, kx, ci) order, zeros where the patch leaves the
+ * input. */
+static void conv_gather(const lp_conv2d_shape *s, const float *img, int64_t p0, int64_t np, float *panel) {
+    int32_t ow = lp_conv2d_out_w(s);
+    int64_t krow = (int64_t)s->kh * s->kw * s->cin;
+    size_t cbytes = (size_t)s->cin * sizeof(float);
+    for (int64_t t = 0; t < np; t++) {
+        int64_t p = p0 + t;
+        int64_t oy = p / ow, ox = p % ow;
+        float *row = panel + t * krow;
+        for (int32_t ky = 0; ky < s->kh; ky++) {
+            int64_t iy = oy * s->stride + ky - s->pad;
+            for (int32_t kx = 0; kx < s->kw; kx++) {
+                int64_t ix = ox * s->stride + kx - s->pad;
+                float *dst = row + ((int64_t)ky * s->kw + kx) * s->cin;
+                if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w)
+                    memset(dst, 0, cbytes);
+                else
+                    memcpy(dst, img + (iy * s->w + ix) * s->cin, cbytes);
+            }
+        }
+    }
+}
+
+static void add_bias(float *y, int64_t rows, int64_t c, const float *bias) {
+    if (!bias) return;
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t i = 0; i < c; i++) y[r * c + i] += bias[i];
+}
+
+void lp_conv2d(const lp_kernels *k, lp_threadpool *pool, const lp_conv2d_shape *s, const lp_weight *W,
+               const float *bias, const float *x, float *y, float *scratch) {
+    int64_t in_px = (int64_t)s->h * s->w, out_px = (int64_t)lp_conv2d_out_h(s) * lp_conv2d_out_w(s);
+    if (conv_is_pointwise(s)) {
+        int64_t rows = in_px * s->n;
+        lp_matmul(k, pool, W, x, s->cin, rows, y, s->cout);
+        add_bias(y, rows, s->cout, bias);
+        return;
+    }
+    int64_t tile = lp_conv2d_tile_pixels(s), krow = (int64_t)s->kh * s->kw * s->cin;
+    for (int32_t n = 0; n < s->n; n++) {
+        const float *img = x + (int64_t)n * in_px * s->cin;
+        float *out = y + (int64_t)n * out_px * s->cout;
+        for (int64_t p0 = 0; p0 < out_px; p0 += tile) {
+            int64_t np = out_px - p0 < tile ? out_px - p0 : tile;
+            conv_gather(s, img, p0, np, scratch);
+            lp_matmul(k, pool, W, scratch, krow, np, out + p0 * s->cout, s->cout);
+        }
+        add_bias(out, out_px, s->cout, bias);
+    }
+}
+
+void lp_conv_weight_repack(const float *src, int64_t cout, int64_t cin, int64_t kh, int64_t kw, float *dst) {
+    for (int64_t o = 0; o < cout; o++)
+        for (int64_t i = 0; i < cin; i++)
+            for (int64_t y = 0; y < kh; y++)
+                for (int64_t x = 0; x < kw; x++)
+                    dst[((o * kh + y) * kw + x) * cin + i] = src[((o * cin + i) * kh + y) * kw + x];
+}
+
+/* ---- normalisation ------------------------------------------------------------- */
+
+static float silu1(float v) { return v / (1.0f + expf(-v)); }
+
+void lp_group_norm(const float *x, float *y, int64_t npix, int64_t c, int groups, const float *gamma,
+                   const float *beta, float eps, bool silu) {
+    int64_t cg = c / groups;
+    double count = (double)npix * (double)cg;
+    for (int g = 0; g < groups; g++) {
+        int64_t c0 = (int64_t)g * cg;
+        double sum = 0;
+        for (int64_t p = 0; p < npix; p++)
+            for (int64_t i = 0; i < cg; i++) sum += x[p * c + c0 + i];
+        double mean = sum / count, ss = 0;
+        for (int64_t p = 0; p < npix; p++)
+            for (int64_t i = 0; i < cg; i++) {
+                double dv = x[p * c + c0 + i] - mean;
+                ss += dv * dv;
+            }
+        float inv = (float)(1.0 / sqrt(ss / count + (double)eps)), m = (float)mean;
+        for (int64_t p = 0; p < npix; p++)
+            for (int64_t i = 0; i < cg; i++) {
+                int64_t at = p * c + c0 + i;
+                float v = (x[at] - m) * inv * gamma[c0 + i] + beta[c0 + i];
+                y[at] = silu ? silu1(v) : v;
+            }
+    }
+}
+
+void lp_layer_norm(float *out, const float *x, int64_t rows, int64_t n, const float *gamma, const float *beta,
+                   float eps) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *xr = x + r * n;
+        float *o = out + r * n;
+        double sum = 0, ss = 0;
+        for (int64_t i = 0; i < n; i++) sum += xr[i];
+        double mean = sum / (double)n;
+        for (int64_t i = 0; i < n; i++) ss += (xr[i] - mean) * (xr[i] - mean);
+        float inv = (float)(1.0 / sqrt(ss / (double)n + (double)eps)), m = (float)mean;
+        for (int64_t i = 0; i < n; i++) o[i] = (xr[i] - m) * inv * gamma[i] + beta[i];
+    }
+}
+
+/* ---- activations ------------------------------------------------------------------ */
+
+void lp_silu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = silu1(x[i]);
+}
+
+void lp_quick_gelu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = x[i] / (1.0f + expf(-1.702f * x[i]));
+}
+
+static float gelu1(float v) { return 0.5f * v * (1.0f + erff(v * 0.70710678118654752f)); }
+
+void lp_gelu(float *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) x[i] = gelu1(x[i]);
+}
+
+void lp_geglu(float *out, int64_t out_stride, const float *x, int64_t rows, int64_t d) {
+    for (int64_t r = 0; r < rows; r++) {
+        const float *a = x + r * 2 * d, *g = a + d;
+        float *o = out + r * out_stride;
+        for (int64_t i = 0; i < d; i++) o[i] = a[i] * gelu1(g[i]);
+    }
+}
+
+/* ---- resampling --------------------------------------------------------------------- */
+
+void lp_upsample_nearest2x(const float *x, float *y, int64_t h, int64_t w, int64_t c) {
+    size_t bytes = (size_t)c * sizeof(float);
+    for (int64_t yy = 0; yy < 2 * h; yy++)
+        for (int64_t xx = 0; xx < 2 * w; xx++)
+            memcpy(y + (yy * 2 * w + xx) * c, x + ((yy / 2) * w + xx / 2) * c, bytes);
+}
+
+/* ---- attention ---------------------------------------------------------------------- */
+
+/* One thread's scratch: scores [QT][KT], accumulators [QT][d], running
+ * maximum and sum [QT] each. */
+static size_t attn_thread_floats(int64_t d) {
+    size_t f = (size_t)LP_ATTN_QUERY_TILE * ((size_t)LP_ATTN_KEY_TILE + (size_t)d + 2);
+    return (f + 15) & ~(size_t)15; /* 64-byte apart */
+}
+
+size_t lp_attention_scratch_floats(int n_threads, int64_t d) {
+    return (size_t)(n_threads > 0 ? n_threads : 1) * attn_thread_floats(d);
+}
+
+typedef struct attn_job {
+    const lp_kernels *k;
+    const lp_attn_shape *s;
+    const float *q, *key, *v;
+    float *out, *scratch;
+} attn_job;
+
+/* Queries [i0, i0 + nq) of head h against every key, a key tile at a time:
+ * for each tile the running maximum m rises to cover the tile's scores, what
+ * was accumulated so far is rescaled by exp(m_old - m_new), and the tile's
+ * exp(s - m_new) are added to the sum and, times v, to the accumulator. */
+static void attn_block(const attn_job *j, int32_t h, int64_t i0, int64_t nq, float *sc) {
+    const lp_attn_shape *s = j->s;
+    int64_t d = s->d;
+    float *scores = sc, *acc = sc + LP_ATTN_QUERY_TILE * LP_ATTN_KEY_TILE;
+    float *m = acc + LP_ATTN_QUERY_TILE * d, *l = m + LP_ATTN_QUERY_TILE;
+    for (int64_t i = 0; i < nq; i++) {
+        m[i] = -FLT_MAX;
+        l[i] = 0;
+        memset(acc + i * d, 0, (size_t)d * sizeof(float));
+    }
+    int64_t nk = s->nk;
+    if (s->causal && i0 + nq < nk) nk = i0 + nq; /* no query of this block sees further */
+    for (int64_t j0 = 0; j0 < nk; j0 += LP_ATTN_KEY_TILE) {
+        int64_t nt = nk - j0 < LP_ATTN_KEY_TILE ? nk - j0 : LP_ATTN_KEY_TILE;
+        for (int64_t i = 0; i < nq; i++) {
+            const float *qi = j->q + (i0 + i) * s->q_stride + (int64_t)h * d;
+            float *si = scores + i * LP_ATTN_KEY_TILE;
+            int64_t vis = nt;
+            if (s->causal) {
+                vis = i0 + i + 1 - j0; /* keys j0 .. i0+i */
+                if (vis > nt) vis = nt;
+                if (vis <= 0) continue;
+            }
+            float tmax = -FLT_MAX;
+            for (int64_t t = 0; t < vis; t++) {
+                const float *kj = j->key + (j0 + t) * s->k_stride + (int64_t)h * d;
+                si[t] = s->scale * j->k->dot_f32(qi, kj, d);
+                if (si[t] > tmax) tmax = si[t];
+            }
+            float mnew = tmax > m[i] ? tmax : m[i];
+            float corr = expf(m[i] - mnew); /* 0 on the first tile: m = -FLT_MAX */
+            float *ai = acc + i * d;
+            if (corr != 1.0f) {
+                for (int64_t c = 0; c < d; c++) ai[c] *= corr;
+            }
+            float sum = 0;
+            for (int64_t t = 0; t < vis; t++) {
+                float p = expf(si[t] - mnew);
+                sum += p;
+                j->k->axpy_f32(ai, p, j->v + (j0 + t) * s->v_stride + (int64_t)h * d, d);
+            }
+            l[i] = l[i] * corr + sum;
+            m[i] = mnew;
+        }
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *o = j->out + (i0 + i) * s->out_stride + (int64_t)h * d;
+        float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
+        for (int64_t c = 0; c < d; c++) o[c] = acc[i * d + c] * inv;
+    }
+}
+
+static void attn_worker(void *ctx, int ti, int nt) {
+    const attn_job *j = ctx;
+    int64_t qblocks = (j->s->nq + LP_ATTN_QUERY_TILE - 1) / LP_ATTN_QUERY_TILE;
+    int64_t begin, end;
+    lp_split_range(qblocks * j->s->heads, ti, nt, 1, &begin, &end);
+    float *sc = j->scratch + (size_t)ti * attn_thread_floats(j->s->d);
+    for (int64_t w = begin; w < end; w++) {
+        int32_t h = (int32_t)(w / qblocks);
+        int64_t i0 = (w % qblocks) * LP_ATTN_QUERY_TILE;
+        int64_t nq = j->s->nq - i0 < LP_ATTN_QUERY_TILE ? j->s->nq - i0 : LP_ATTN_QUERY_TILE;
+        attn_block(j, h, i0, nq, sc);
+    }
+}
+
+void lp_attention_tiled(const lp_kernels *k, lp_threadpool *pool, const lp_attn_shape *s, const float *q,
+                        const float *key, const float *v, float *out, float *scratch) {
+    attn_job job = {.k = k, .s = s, .q = q, .key = key, .v = v, .out = out, .scratch = scratch};
+    /* small problems run inline: waking the pool costs more */
+    if ((double)s->nq * (double)s->nk * (double)s->d * s->heads < 65536.0) pool = NULL;
+    lp_threadpool_run(pool, attn_worker, &job);
+}

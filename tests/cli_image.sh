@@ -1,0 +1,45 @@
+#!/usr/bin/env bash
+# loraplex synth --preset sd-tiny and loraplex image end to end: a valid PNG
+# of the asked size (signature and IHDR read back), the same bytes for the
+# same seed, --latents-out of [4][H/8][W/8] float32, --noise read back (the
+# latent written by one run fed as another's noise changes the result), and
+# clear errors for a wrong noise size, a bad sampler and a missing model.
+set -u
+bin="$1"; models="$2"; work="$3/cli_image_tmp"
+mkdir -p "$work"
+fail=0; pass=0
+ok() { pass=$((pass+1)); }
+bad() { echo "FAIL: $*" >&2; fail=$((fail+1)); }
+export LORAPLEX_SHARED_MODELS="$models"
+m="$work/sd-tiny.safetensors"
+
+"$bin" synth --preset sd-tiny --type f16 -o "$m" 2>"$work/err" && ok || bad "synth: $(cat "$work/err")"
+grep -q "424 tensors" "$work/err" && ok || bad "synth summary: $(cat "$work/err")"
+
+run() { "$bin" image -m "$m" -p "a photo of a cat" -W 64 -H 32 --steps 2 -t 1 "$@" 2>"$work/err"; }
+run --seed 3 -o "$work/a.png" --latents-out "$work/a.lat" && ok || bad "image: $(cat "$work/err")"
+grep -q "step 2/2" "$work/err" && ok || bad "progress: $(cat "$work/err")"
+# PNG signature, then the IHDR chunk's width and height (big-endian)
+[ "$(head -c 8 "$work/a.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ] && ok || bad "PNG signature"
+[ "$(od -An -tu1 -j 12 -N 4 "$work/a.png" | tr -s ' ')" = " 73 72 68 82" ] && ok || bad "no IHDR first"
+[ "$(od -An -tu1 -j 16 -N 8 "$work/a.png" | tr -s ' ')" = " 0 0 0 64 0 0 0 32" ] && ok || bad "IHDR size"
+[ "$(stat -c %s "$work/a.lat")" = $((4 * 8 * 4 * 4)) ] && ok || bad "latents-out size $(stat -c %s "$work/a.lat")"
+run --seed 3 -o "$work/b.png" && cmp -s "$work/a.png" "$work/b.png" && ok || bad "same seed, other bytes"
+run --seed 4 -o "$work/c.png" && ! cmp -s "$work/a.png" "$work/c.png" && ok || bad "another seed, same bytes"
+run --seed 3 --noise "$work/a.lat" -o "$work/d.png" && ! cmp -s "$work/a.png" "$work/d.png" && ok || bad "--noise ignored"
+run --sampler dpm++2m --scheduler karras --cfg 1 --clip-skip 2 -o "$work/e.png" && ok || bad "dpm++2m: $(cat "$work/err")"
+
+head -c 100 "$work/a.lat" > "$work/short.lat"
+run --noise "$work/short.lat" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "short.lat has 100 bytes" "$work/err" && ok || bad "short noise: rc=$rc $(cat "$work/err")"
+run --sampler plms -o "$work/f.png"; rc=$?
+[ $rc -eq 2 ] && grep -q "euler, euler_a, ddim" "$work/err" && ok || bad "bad sampler: rc=$rc $(cat "$work/err")"
+"$bin" image -m "$work/none.safetensors" -p x -o "$work/f.png" 2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "none.safetensors" "$work/err" && ok || bad "missing model: rc=$rc $(cat "$work/err")"
+run -W 60 -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "multiples of 16" "$work/err" && ok || bad "bad width: rc=$rc $(cat "$work/err")"
+[ ! -e "$work/f.png" ] && ok || bad "a failed run wrote a PNG"
+
+rm -rf "$work"
+echo "cli_image: $pass passed, $fail failed"
+[ $fail -eq 0 ]

@@ -1,0 +1,507 @@
+/* SD 1.x's graphs (src/image/sd_graph.c) on a random sd-tiny checkpoint
+ * against a naive double-precision forward written here from the ldm /
+ * transformers module definitions: NCHW tensors, weights read by name from
+ * the file in PyTorch's layout, full-softmax attention. Text encoder (with
+ * and without clip skip), one UNet step on a batch of two rows with
+ * different timesteps and contexts, the VAE decoder; on one thread and on
+ * a pool. */
+#include "check.h"
+#include "formats/safetensors.h"
+#include "image/sd.h"
+#include "image/sd_graph.h"
+#include "tools/sd_synth.h"
+
+#include <stdarg.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+
+/* ---- a tiny tensor toolkit in double ------------------------------------------------------------------ */
+
+typedef struct nv {
+    const lp_sd_model *m;
+    double *live[4096];
+    int n_live;
+} nv;
+
+static double *alloc_d(nv *v, int64_t n) {
+    if (n < 1 || n > ((int64_t)1 << 32) || v->n_live >= 4096) abort();
+    double *p = calloc((size_t)n, sizeof(double));
+    v->live[v->n_live++] = p;
+    return p;
+}
+
+__attribute__((format(printf, 2, 3))) static double *P(nv *v, const char *fmt, ...) {
+    char name[200];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(name, sizeof name, fmt, ap);
+    va_end(ap);
+    const lp_st_tensor *t = lp_sd_model_tensor(v->m, name);
+    if (!t) {
+        fprintf(stderr, "naive: no %s\n", name);
+        abort();
+    }
+    float *f = malloc(t->n_elements * sizeof(float));
+    lp_error err;
+    lp_st_to_f32(t, f, &err);
+    double *d = alloc_d(v, (int64_t)t->n_elements);
+    for (uint64_t i = 0; i < t->n_elements; i++) d[i] = f[i];
+    free(f);
+    return d;
+}
+
+/* conv2d on [cin][h][w] with weight [cout][cin][k][k], padding k/2 */
+static double *conv(nv *v, const double *x, int cin, int h, int w, int cout, int k, int stride, const char *p) {
+    double *W = P(v, "%s.weight", p), *b = P(v, "%s.bias", p);
+    int pad = k / 2, oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
+    double *y = alloc_d(v, (int64_t)cout * oh * ow);
+    for (int o = 0; o < cout; o++)
+        for (int oy = 0; oy < oh; oy++)
+            for (int ox = 0; ox < ow; ox++) {
+                double acc = b[o];
+                for (int i = 0; i < cin; i++)
+                    for (int ky = 0; ky < k; ky++)
+                        for (int kx = 0; kx < k; kx++) {
+                            int iy = oy * stride + ky - pad, ix = ox * stride + kx - pad;
+                            if (iy >= 0 && iy < h && ix >= 0 && ix < w)
+                                acc += W[((o * cin + i) * k + ky) * k + kx] * x[(i * h + iy) * w + ix];
+                        }
+                y[(o * oh + oy) * ow + ox] = acc;
+            }
+    return y;
+}
+
+static double silu(double x) { return x / (1 + exp(-x)); }
+
+static double *group_norm(nv *v, const double *x, int c, int64_t hw, double eps, bool act, const char *p) {
+    double *g = P(v, "%s.weight", p), *b = P(v, "%s.bias", p), *y = alloc_d(v, c * hw);
+    int cg = c / 32;
+    for (int gr = 0; gr < 32; gr++) {
+        double s = 0, ss = 0, n = (double)cg * hw;
+        for (int64_t i = gr * cg * hw; i < (gr + 1) * cg * hw; i++) s += x[i];
+        double mean = s / n;
+        for (int64_t i = gr * cg * hw; i < (gr + 1) * cg * hw; i++) ss += (x[i] - mean) * (x[i] - mean);
+        double inv = 1 / sqrt(ss / n + eps);
+        for (int ch = gr * cg; ch < (gr + 1) * cg; ch++)
+            for (int64_t i = 0; i < hw; i++) {
+                double t = (x[ch * hw + i] - mean) * inv * g[ch] + b[ch];
+                y[ch * hw + i] = act ? silu(t) : t;
+            }
+    }
+    return y;
+}
+
+/* rows x in -> rows x out */
+static double *linear(nv *v, const double *x, int64_t rows, int in, int out, bool bias, const char *p) {
+    double *W = P(v, "%s.weight", p), *b = bias ? P(v, "%s.bias", p) : NULL, *y = alloc_d(v, rows * out);
+    for (int64_t r = 0; r < rows; r++)
+        for (int o = 0; o < out; o++) {
+            double acc = b ? b[o] : 0;
+            for (int i = 0; i < in; i++) acc += W[(int64_t)o * in + i] * x[r * in + i];
+            y[r * out + o] = acc;
+        }
+    return y;
+}
+
+static double *layer_norm(nv *v, const double *x, int64_t rows, int n, const char *p) {
+    double *g = P(v, "%s.weight", p), *b = P(v, "%s.bias", p), *y = alloc_d(v, rows * n);
+    for (int64_t r = 0; r < rows; r++) {
+        double s = 0, ss = 0;
+        for (int i = 0; i < n; i++) s += x[r * n + i];
+        double mean = s / n;
+        for (int i = 0; i < n; i++) ss += pow(x[r * n + i] - mean, 2);
+        for (int i = 0; i < n; i++) y[r * n + i] = (x[r * n + i] - mean) / sqrt(ss / n + 1e-5) * g[i] + b[i];
+    }
+    return y;
+}
+
+/* q [nq][c], k v [nk][c], heads of c / heads; full softmax */
+static double *attention(nv *v, const double *q, const double *k, const double *val, int64_t nq, int64_t nk, int c,
+                         int heads, bool causal) {
+    double *o = alloc_d(v, nq * c), *s = malloc(sizeof(double) * (size_t)nk);
+    int d = c / heads;
+    for (int h = 0; h < heads; h++)
+        for (int64_t i = 0; i < nq; i++) {
+            double m = -1e300, sum = 0;
+            int64_t n = causal ? i + 1 : nk;
+            for (int64_t j = 0; j < n; j++) {
+                double acc = 0;
+                for (int e = 0; e < d; e++) acc += q[i * c + h * d + e] * k[j * c + h * d + e];
+                s[j] = acc / sqrt((double)d);
+                if (s[j] > m) m = s[j];
+            }
+            for (int64_t j = 0; j < n; j++) sum += (s[j] = exp(s[j] - m));
+            for (int e = 0; e < d; e++) {
+                double acc = 0;
+                for (int64_t j = 0; j < n; j++) acc += s[j] * val[j * c + h * d + e];
+                o[i * c + h * d + e] = acc / sum;
+            }
+        }
+    free(s);
+    return o;
+}
+
+static void add_to(double *y, const double *x, int64_t n) {
+    for (int64_t i = 0; i < n; i++) y[i] += x[i];
+}
+
+/* [c][hw] <-> [hw][c] */
+static double *transpose(nv *v, const double *x, int64_t a, int64_t b) {
+    double *y = alloc_d(v, a * b);
+    for (int64_t i = 0; i < a; i++)
+        for (int64_t j = 0; j < b; j++) y[j * a + i] = x[i * b + j];
+    return y;
+}
+
+/* ---- text encoder (transformers' CLIPTextModel) ----------------------------------------------------------------- */
+
+static double *naive_text(nv *v, const lp_sd_config *c, const int32_t *ids, int skip) {
+    const char *T = "cond_stage_model.transformer.text_model.";
+    int n = c->te_ctx, D = c->te_dim;
+    double *tok = P(v, "%sembeddings.token_embedding.weight", T), *pos = P(v, "%sembeddings.position_embedding.weight", T);
+    double *x = alloc_d(v, (int64_t)n * D);
+    for (int i = 0; i < n; i++)
+        for (int e = 0; e < D; e++) x[i * D + e] = tok[(int64_t)ids[i] * D + e] + pos[i * D + e];
+    char p[200];
+    for (int l = 0; l < c->te_layers - (skip - 1); l++) {
+#define NAME(s) (snprintf(p, sizeof p, "%sencoder.layers.%d.%s", T, l, s), p)
+        double *h = layer_norm(v, x, n, D, NAME("layer_norm1"));
+        double *q = linear(v, h, n, D, D, true, NAME("self_attn.q_proj"));
+        double *k = linear(v, h, n, D, D, true, NAME("self_attn.k_proj"));
+        double *vv = linear(v, h, n, D, D, true, NAME("self_attn.v_proj"));
+        double *a = attention(v, q, k, vv, n, n, D, c->te_heads, true);
+        add_to(x, linear(v, a, n, D, D, true, NAME("self_attn.out_proj")), (int64_t)n * D);
+        h = layer_norm(v, x, n, D, NAME("layer_norm2"));
+        double *f = linear(v, h, n, D, c->te_ffn, true, NAME("mlp.fc1"));
+        for (int64_t i = 0; i < (int64_t)n * c->te_ffn; i++) f[i] = f[i] / (1 + exp(-1.702 * f[i]));
+        add_to(x, linear(v, f, n, c->te_ffn, D, true, NAME("mlp.fc2")), (int64_t)n * D);
+#undef NAME
+    }
+    snprintf(p, sizeof p, "%sfinal_layer_norm", T);
+    return layer_norm(v, x, n, D, p);
+}
+
+/* ---- UNet (ldm openaimodel.UNetModel, SD 1.x options) ------------------------------------------------------------ */
+
+static double *res_block(nv *v, const double *x, int cin, int cout, int h, int w, const double *emb_s, int temb,
+                         const char *p) {
+    char b[200];
+    int64_t hw = (int64_t)h * w;
+    snprintf(b, sizeof b, "%s.in_layers.0", p);
+    double *t = group_norm(v, x, cin, hw, 1e-5, true, b);
+    snprintf(b, sizeof b, "%s.in_layers.2", p);
+    t = conv(v, t, cin, h, w, cout, 3, 1, b);
+    snprintf(b, sizeof b, "%s.emb_layers.1", p);
+    double *e = linear(v, emb_s, 1, temb, cout, true, b);
+    for (int o = 0; o < cout; o++)
+        for (int64_t i = 0; i < hw; i++) t[o * hw + i] += e[o];
+    snprintf(b, sizeof b, "%s.out_layers.0", p);
+    t = group_norm(v, t, cout, hw, 1e-5, true, b);
+    snprintf(b, sizeof b, "%s.out_layers.3", p);
+    t = conv(v, t, cout, h, w, cout, 3, 1, b);
+    if (cin != cout) {
+        snprintf(b, sizeof b, "%s.skip_connection", p);
+        add_to(t, conv(v, x, cin, h, w, cout, 1, 1, b), cout * hw);
+    } else {
+        add_to(t, x, cout * hw);
+    }
+    return t;
+}
+
+static double *spatial_transformer(nv *v, const lp_sd_config *c, const double *x, int ch, int h, int w,
+                                   const double *ctx, const char *p) {
+    char b[200];
+    int64_t hw = (int64_t)h * w, T = c->te_ctx;
+    snprintf(b, sizeof b, "%s.norm", p);
+    double *t = group_norm(v, x, ch, hw, 1e-6, false, b);
+    snprintf(b, sizeof b, "%s.proj_in", p);
+    t = conv(v, t, ch, h, w, ch, 1, 1, b);
+    double *s = transpose(v, t, ch, hw); /* tokens [hw][ch] */
+#define TB(n) (snprintf(b, sizeof b, "%s.transformer_blocks.0.%s", p, n), b)
+    double *n1 = layer_norm(v, s, hw, ch, TB("norm1"));
+    double *q = linear(v, n1, hw, ch, ch, false, TB("attn1.to_q"));
+    double *k = linear(v, n1, hw, ch, ch, false, TB("attn1.to_k"));
+    double *vv = linear(v, n1, hw, ch, ch, false, TB("attn1.to_v"));
+    double *a = attention(v, q, k, vv, hw, hw, ch, c->unet_heads, false);
+    add_to(s, linear(v, a, hw, ch, ch, true, TB("attn1.to_out.0")), hw * ch);
+    double *n2 = layer_norm(v, s, hw, ch, TB("norm2"));
+    q = linear(v, n2, hw, ch, ch, false, TB("attn2.to_q"));
+    k = linear(v, ctx, T, c->context_dim, ch, false, TB("attn2.to_k"));
+    vv = linear(v, ctx, T, c->context_dim, ch, false, TB("attn2.to_v"));
+    a = attention(v, q, k, vv, hw, T, ch, c->unet_heads, false);
+    add_to(s, linear(v, a, hw, ch, ch, true, TB("attn2.to_out.0")), hw * ch);
+    double *n3 = layer_norm(v, s, hw, ch, TB("norm3"));
+    double *f = linear(v, n3, hw, ch, 8 * ch, true, TB("ff.net.0.proj"));
+    double *gg = alloc_d(v, hw * 4 * ch);
+    for (int64_t r = 0; r < hw; r++)
+        for (int i = 0; i < 4 * ch; i++) {
+            double val = f[r * 8 * ch + i], gate = f[r * 8 * ch + 4 * ch + i];
+            gg[r * 4 * ch + i] = val * 0.5 * gate * (1 + erf(gate / sqrt(2.0)));
+        }
+    add_to(s, linear(v, gg, hw, 4 * ch, ch, true, TB("ff.net.2")), hw * ch);
+#undef TB
+    t = transpose(v, s, hw, ch);
+    snprintf(b, sizeof b, "%s.proj_out", p);
+    t = conv(v, t, ch, h, w, ch, 1, 1, b);
+    add_to(t, x, ch * hw);
+    return t;
+}
+
+/* one image: x [in][h][w] -> eps [out][h][w] */
+static double *naive_unet(nv *v, const lp_sd_config *c, const double *x, double t, const double *ctx, int h, int w) {
+    const char *U = "model.diffusion_model.";
+    char p[200];
+    int ch = c->unet_ch, temb = 4 * ch, half = ch / 2;
+    double *sin_emb = alloc_d(v, ch);
+    for (int i = 0; i < half; i++) {
+        double f = exp(-log(10000.0) * i / half);
+        sin_emb[i] = cos(t * f);
+        sin_emb[half + i] = sin(t * f);
+    }
+    snprintf(p, sizeof p, "%stime_embed.0", U);
+    double *e = linear(v, sin_emb, 1, ch, temb, true, p);
+    for (int i = 0; i < temb; i++) e[i] = silu(e[i]);
+    snprintf(p, sizeof p, "%stime_embed.2", U);
+    e = linear(v, e, 1, temb, temb, true, p);
+    for (int i = 0; i < temb; i++) e[i] = silu(e[i]); /* emb_layers start with SiLU */
+
+    double *hs[64];
+    int hs_c[64], n_hs = 0, idx = 1, cur = ch;
+    snprintf(p, sizeof p, "%sinput_blocks.0.0", U);
+    double *hcur = conv(v, x, c->unet_in, h, w, ch, 3, 1, p);
+    hs[n_hs] = hcur, hs_c[n_hs++] = cur;
+    for (int l = 0; l < c->unet_levels; l++) {
+        for (int r = 0; r < c->unet_res_blocks; r++, idx++) {
+            snprintf(p, sizeof p, "%sinput_blocks.%d.0", U, idx);
+            hcur = res_block(v, hcur, cur, ch * c->unet_mult[l], h, w, e, temb, p);
+            cur = ch * c->unet_mult[l];
+            if (c->unet_attn[l]) {
+                snprintf(p, sizeof p, "%sinput_blocks.%d.1", U, idx);
+                hcur = spatial_transformer(v, c, hcur, cur, h, w, ctx, p);
+            }
+            hs[n_hs] = hcur, hs_c[n_hs++] = cur;
+        }
+        if (l + 1 < c->unet_levels) {
+            snprintf(p, sizeof p, "%sinput_blocks.%d.0.op", U, idx++);
+            hcur = conv(v, hcur, cur, h, w, cur, 3, 2, p);
+            h /= 2, w /= 2;
+            hs[n_hs] = hcur, hs_c[n_hs++] = cur;
+        }
+    }
+    snprintf(p, sizeof p, "%smiddle_block.0", U);
+    hcur = res_block(v, hcur, cur, cur, h, w, e, temb, p);
+    snprintf(p, sizeof p, "%smiddle_block.1", U);
+    hcur = spatial_transformer(v, c, hcur, cur, h, w, ctx, p);
+    snprintf(p, sizeof p, "%smiddle_block.2", U);
+    hcur = res_block(v, hcur, cur, cur, h, w, e, temb, p);
+    idx = 0;
+    for (int l = c->unet_levels - 1; l >= 0; l--)
+        for (int r = 0; r <= c->unet_res_blocks; r++, idx++) {
+            /* torch.cat([h, hs.pop()], dim=1) */
+            n_hs--;
+            int64_t hw = (int64_t)h * w;
+            double *cat = alloc_d(v, (cur + hs_c[n_hs]) * hw);
+            memcpy(cat, hcur, sizeof(double) * (size_t)(cur * hw));
+            memcpy(cat + cur * hw, hs[n_hs], sizeof(double) * (size_t)(hs_c[n_hs] * hw));
+            snprintf(p, sizeof p, "%soutput_blocks.%d.0", U, idx);
+            hcur = res_block(v, cat, cur + hs_c[n_hs], ch * c->unet_mult[l], h, w, e, temb, p);
+            cur = ch * c->unet_mult[l];
+            int k = 1;
+            if (c->unet_attn[l]) {
+                snprintf(p, sizeof p, "%soutput_blocks.%d.1", U, idx);
+                hcur = spatial_transformer(v, c, hcur, cur, h, w, ctx, p);
+                k = 2;
+            }
+            if (l > 0 && r == c->unet_res_blocks) {
+                double *up = alloc_d(v, cur * hw * 4);
+                for (int o = 0; o < cur; o++)
+                    for (int y = 0; y < 2 * h; y++)
+                        for (int xx = 0; xx < 2 * w; xx++)
+                            up[(o * 2 * h + y) * 2 * w + xx] = hcur[(o * h + y / 2) * w + xx / 2];
+                h *= 2, w *= 2;
+                snprintf(p, sizeof p, "%soutput_blocks.%d.%d.conv", U, idx, k);
+                hcur = conv(v, up, cur, h, w, cur, 3, 1, p);
+            }
+        }
+    snprintf(p, sizeof p, "%sout.0", U);
+    hcur = group_norm(v, hcur, cur, (int64_t)h * w, 1e-5, true, p);
+    snprintf(p, sizeof p, "%sout.2", U);
+    return conv(v, hcur, cur, h, w, c->unet_out, 3, 1, p);
+}
+
+/* ---- VAE decoder (ldm autoencoder Decoder) --------------------------------------------------------------------------- */
+
+static double *vae_res(nv *v, const double *x, int cin, int cout, int h, int w, const char *p) {
+    char b[200];
+    int64_t hw = (int64_t)h * w;
+    snprintf(b, sizeof b, "%s.norm1", p);
+    double *t = group_norm(v, x, cin, hw, 1e-6, true, b);
+    snprintf(b, sizeof b, "%s.conv1", p);
+    t = conv(v, t, cin, h, w, cout, 3, 1, b);
+    snprintf(b, sizeof b, "%s.norm2", p);
+    t = group_norm(v, t, cout, hw, 1e-6, true, b);
+    snprintf(b, sizeof b, "%s.conv2", p);
+    t = conv(v, t, cout, h, w, cout, 3, 1, b);
+    if (cin != cout) {
+        snprintf(b, sizeof b, "%s.nin_shortcut", p);
+        add_to(t, conv(v, x, cin, h, w, cout, 1, 1, b), cout * hw);
+    } else {
+        add_to(t, x, cout * hw);
+    }
+    return t;
+}
+
+static double *naive_vae(nv *v, const lp_sd_config *c, const double *z, int h, int w) {
+    const char *D = "first_stage_model.decoder.";
+    char p[200];
+    int64_t hw = (int64_t)h * w;
+    double *zs = alloc_d(v, c->vae_z * hw);
+    for (int64_t i = 0; i < c->vae_z * hw; i++) zs[i] = z[i] / 0.18215;
+    double *x = conv(v, zs, c->vae_z, h, w, c->vae_z, 1, 1, "first_stage_model.post_quant_conv");
+    int cur = c->vae_ch * c->vae_mult[c->vae_levels - 1];
+    snprintf(p, sizeof p, "%sconv_in", D);
+    x = conv(v, x, c->vae_z, h, w, cur, 3, 1, p);
+    snprintf(p, sizeof p, "%smid.block_1", D);
+    x = vae_res(v, x, cur, cur, h, w, p);
+    {
+        snprintf(p, sizeof p, "%smid.attn_1.norm", D);
+        double *t = group_norm(v, x, cur, hw, 1e-6, false, p);
+        snprintf(p, sizeof p, "%smid.attn_1.q", D);
+        double *q = transpose(v, conv(v, t, cur, h, w, cur, 1, 1, p), cur, hw);
+        snprintf(p, sizeof p, "%smid.attn_1.k", D);
+        double *k = transpose(v, conv(v, t, cur, h, w, cur, 1, 1, p), cur, hw);
+        snprintf(p, sizeof p, "%smid.attn_1.v", D);
+        double *vv = transpose(v, conv(v, t, cur, h, w, cur, 1, 1, p), cur, hw);
+        double *a = transpose(v, attention(v, q, k, vv, hw, hw, cur, 1, false), hw, cur);
+        snprintf(p, sizeof p, "%smid.attn_1.proj_out", D);
+        add_to(x, conv(v, a, cur, h, w, cur, 1, 1, p), cur * hw);
+    }
+    snprintf(p, sizeof p, "%smid.block_2", D);
+    x = vae_res(v, x, cur, cur, h, w, p);
+    for (int l = c->vae_levels - 1; l >= 0; l--) {
+        for (int r = 0; r <= c->vae_res_blocks; r++) {
+            snprintf(p, sizeof p, "%sup.%d.block.%d", D, l, r);
+            x = vae_res(v, x, cur, c->vae_ch * c->vae_mult[l], h, w, p);
+            cur = c->vae_ch * c->vae_mult[l];
+        }
+        if (l > 0) {
+            double *up = alloc_d(v, (int64_t)cur * h * w * 4);
+            for (int o = 0; o < cur; o++)
+                for (int y = 0; y < 2 * h; y++)
+                    for (int xx = 0; xx < 2 * w; xx++) up[(o * 2 * h + y) * 2 * w + xx] = x[(o * h + y / 2) * w + xx / 2];
+            h *= 2, w *= 2;
+            snprintf(p, sizeof p, "%sup.%d.upsample.conv", D, l);
+            x = conv(v, up, cur, h, w, cur, 3, 1, p);
+        }
+    }
+    snprintf(p, sizeof p, "%snorm_out", D);
+    x = group_norm(v, x, cur, (int64_t)h * w, 1e-6, true, p);
+    snprintf(p, sizeof p, "%sconv_out", D);
+    return conv(v, x, cur, h, w, c->vae_img, 3, 1, p);
+}
+
+/* ---- comparisons ----------------------------------------------------------------------------------------------------------- */
+
+/* max |a - ref| / max |ref|, a channels last [hw][c], ref [c][hw] */
+static double rel_err_chw(const float *a, const double *ref, int c, int64_t hw) {
+    double m = 0, s = 1e-12;
+    for (int64_t i = 0; i < c * hw; i++) s = fmax(s, fabs(ref[i]));
+    for (int ch = 0; ch < c; ch++)
+        for (int64_t i = 0; i < hw; i++) m = fmax(m, fabs(a[i * c + ch] - ref[ch * hw + i]));
+    return m / s;
+}
+
+static double rel_err_rows(const float *a, const double *ref, int64_t n) {
+    double m = 0, s = 1e-12;
+    for (int64_t i = 0; i < n; i++) s = fmax(s, fabs(ref[i]));
+    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(a[i] - ref[i]));
+    return m / s;
+}
+
+static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads) {
+    const lp_sd_config *c = lp_sd_model_config(m);
+    enum { B = 2, LH = 4, LW = 6 };
+    lp_error err = {0};
+    lp_sd_graph *g = lp_sd_graph_create(w, B, LH, LW, threads, &err);
+    CHECK_MSG(g != NULL, "%s", err.message);
+    if (!g) return;
+    nv v = {.m = m};
+    lp_rng r;
+    lp_rng_seed(&r, 42);
+
+    /* text encoder: two prompts of arbitrary ids, BOS first, EOS-padded */
+    int32_t ids[B * 77];
+    for (int b = 0; b < B; b++)
+        for (int i = 0; i < 77; i++)
+            ids[b * 77 + i] = i == 0 ? 49406 : i < 5 + 7 * b ? (int32_t)(lp_rng_u64(&r) % 49406) : 49407;
+    float *ctx = malloc(sizeof(float) * B * 77 * (size_t)c->te_dim);
+    for (int skip = 1; skip <= 2; skip++) {
+        CHECK(lp_sd_text_encode(g, ids, B, skip, ctx, &err) == 0);
+        for (int b = 0; b < B; b++) {
+            double *ref = naive_text(&v, c, ids + b * 77, skip);
+            double e = rel_err_rows(ctx + (size_t)b * 77 * c->te_dim, ref, 77 * c->te_dim);
+            CHECK_MSG(e < 1e-5, "text encoder row %d clip skip %d (%d threads): rel err %g", b, skip, threads, e);
+        }
+    }
+    CHECK(lp_sd_text_encode(g, ids, B, 0, ctx, &err) == -1);
+    CHECK(lp_sd_text_encode(g, ids, B + 1, 1, ctx, &err) == -1);
+
+    /* UNet: random latents, timesteps 999 and 1, each row its own context */
+    int64_t lat = (int64_t)LH * LW * c->unet_in;
+    float *x = malloc(sizeof(float) * B * (size_t)lat), *eps = malloc(sizeof(float) * B * (size_t)lat);
+    for (int64_t i = 0; i < B * lat; i++) x[i] = lp_rng_normal(&r);
+    float t[B] = {999.0f, 1.0f};
+    CHECK(lp_sd_unet(g, x, t, ctx, B, eps, &err) == 0);
+    for (int b = 0; b < B; b++) {
+        double *xn = alloc_d(&v, lat), *cn = alloc_d(&v, 77 * c->te_dim);
+        for (int ch = 0; ch < c->unet_in; ch++)
+            for (int i = 0; i < LH * LW; i++) xn[ch * LH * LW + i] = x[b * lat + i * c->unet_in + ch];
+        for (int i = 0; i < 77 * c->te_dim; i++) cn[i] = ctx[(size_t)b * 77 * c->te_dim + i];
+        double *ref = naive_unet(&v, c, xn, t[b], cn, LH, LW);
+        double e = rel_err_chw(eps + b * lat, ref, c->unet_out, LH * LW);
+        CHECK_MSG(e < 1e-4, "UNet row %d (%d threads): rel err %g", b, threads, e);
+    }
+
+    /* VAE decoder on the latents */
+    int f = 1 << (c->vae_levels - 1);
+    int64_t ipx = (int64_t)LH * f * LW * f;
+    float *img = malloc(sizeof(float) * B * (size_t)(ipx * c->vae_img));
+    CHECK(lp_sd_vae_decode(g, x, B, img, &err) == 0);
+    for (int b = 0; b < B; b++) {
+        double *zn = alloc_d(&v, lat);
+        for (int ch = 0; ch < c->vae_z; ch++)
+            for (int i = 0; i < LH * LW; i++) zn[ch * LH * LW + i] = x[b * lat + i * c->vae_z + ch];
+        double *ref = naive_vae(&v, c, zn, LH, LW);
+        double e = rel_err_chw(img + b * ipx * c->vae_img, ref, c->vae_img, ipx);
+        CHECK_MSG(e < 1e-4, "VAE row %d (%d threads): rel err %g", b, threads, e);
+    }
+    for (int i = 0; i < v.n_live; i++) free(v.live[i]);
+    free(ctx), free(x), free(eps), free(img);
+    lp_sd_graph_free(g);
+}
+
+int main(void) {
+    char path[] = "/tmp/lp_sd_graph_XXXXXX";
+    int fd = mkstemp(path);
+    CHECK(fd >= 0);
+    close(fd);
+    lp_sd_config tiny = lp_sd_config_tiny();
+    lp_error err = {0};
+    CHECK(lp_sd_synth_write(&tiny, LP_ST_F32, 3, "sd-tiny", path, &err) == 0);
+    lp_sd_model *m = lp_sd_model_load(path, &err);
+    CHECK_MSG(m != NULL, "%s", err.message);
+    lp_sd_weights *w = m ? lp_sd_weights_create(m, &err) : NULL;
+    CHECK_MSG(w != NULL, "%s", err.message);
+    if (w) {
+        run_case(m, w, 1);
+        run_case(m, w, 3);
+        /* the graph's size checks */
+        CHECK(lp_sd_graph_create(w, 1, 7, 8, 1, &err) == NULL); /* not a multiple of 2 */
+        CHECK(lp_sd_graph_create(w, 0, 8, 8, 1, &err) == NULL);
+    }
+    lp_sd_weights_free(w);
+    lp_sd_model_free(m);
+    unlink(path);
+    return check_summary("test_sd_graph");
+}
