@@ -158,9 +158,11 @@ assert types["loraplex_batch_rows_per_step"] == "histogram"
 EOF
 
 grep -q "POST /v1/completions 200" "$work/log" && ok || bad "a log line per request"
-# clients that left mid-stream are logged as ended early, without
-# libmicrohttpd's own complaint about the rest of the body
-grep -q "(connection ended early)" "$work/log" && ! grep -q "Failed to send" "$work/log" && ok ||
+# clients that left mid-stream (logged as ended early) bring no complaint
+# from libmicrohttpd about the rest of the body; whether a cancel lands
+# mid-stream depends on timing (a slow reader gets the whole answer in a
+# few merged chunks), so only the absence is checked
+! grep -q "Failed to send" "$work/log" && ok ||
   bad "cancelled streams in the log: $(grep -m2 "Failed to send" "$work/log")"
 kill -INT $pid
 wait $pid
