@@ -2,7 +2,8 @@
 # `loraplex eval-tasks --speculate DIR` on the committed demo world: every
 # record of every task (two each) decoded plain and speculatively (forecast
 # files for two tasks, here random ones: acceptance near zero must still be
-# exact; the other tasks prompt lookup alone), and the report says all
+# exact; the other tasks prompt lookup alone; then the committed trained
+# files for all eight), and the report says all
 # outputs were identical (a differing output makes the command fail, and so
 # this test), with tokens per pass and tok/s, in the table and in --json.
 # Refusals: a damaged forecast file is named; --lookup without --speculate.
@@ -36,6 +37,16 @@ for t in "${tasks[@]}"; do
   esac
   echo "$line" | grep -q "$want\$" && ok || bad "$t: speculated with: '$line'"
 done
+
+# the committed demo forecast files (models/demo/forecast, scripts/make_forecasts.sh)
+if [ -f "$demo/forecast/correct.lpf" ]; then
+  "$bin" eval-tasks "${common[@]}" --speculate "$demo/forecast" --lookup 3:8 >"$work/table2" 2>"$work/err"
+  rc=$?
+  [ $rc -eq 0 ] && [ "$(grep -c " all .* 2/2 .*forecast \[3,2\] + lookup 3:8\$" "$work/table2")" -eq ${#tasks[@]} ] && ok \
+    || { bad "committed forecast files: rc=$rc"; cat "$work/table2" "$work/err" >&2; }
+else
+  bad "$demo/forecast/correct.lpf missing"
+fi
 
 # lookup alone where a task has no file (no --lookup): the default 3:8
 "$bin" eval-tasks "${common[@]}" --tasks reply,correct --speculate "$work/fc" --json >"$work/json" 2>"$work/err"
