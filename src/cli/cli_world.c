@@ -1,7 +1,9 @@
 /* loraplex world: writes the demo world's corpus (src/world).
  * loraplex eval-tasks: scores a model and its task adapters on the world's
  * eval files (exact match and chrF, per task and language), for a
- * full-precision model and optionally a quantized one side by side. */
+ * full-precision model and optionally a quantized one side by side; with
+ * --speculate, also decodes every record speculatively and checks that the
+ * output is the plain one. */
 #include <cjson/cJSON.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -121,10 +123,17 @@ typedef struct eval_record {
 typedef struct eval_score {
     int n, exact;
     double chrf;
+    /* --speculate: records whose speculative output was the plain one; tokens
+     * and passes of the speculative decode; wall time of each decode (batched,
+     * prefill included) and the tokens plain decoding generated in it */
+    int identical;
+    long long spec_tokens, spec_passes, plain_tokens;
+    double plain_s, spec_s;
 } eval_score;
 
 typedef struct eval_group {
     char task[32], lang[16], adapter[64];
+    char tree[64];       /* what the task speculated with ("" without --speculate) */
     eval_score score[2]; /* full precision, quantized */
 } eval_group;
 
@@ -138,6 +147,9 @@ typedef struct eval_opts {
     bool base, json;
     const char *only_tasks;  /* comma-separated, NULL = all */
     const char *profile;     /* QUAD shared profile bound to each model's context, or NULL */
+    const char *speculate;   /* forecast directory (DIR/<task>.lpf), or NULL */
+    int lookup_ngram, lookup_len; /* --lookup N:L (0: only for tasks without a forecast file) */
+    bool costed;
 } eval_opts;
 
 static void eval_usage(FILE *out) {
@@ -157,7 +169,17 @@ static void eval_usage(FILE *out) {
             "  -t N            threads (default: all cores)\n"
             "  --json          JSON on stdout instead of a table\n"
             "  --profile P.lpq bind this shared quantization profile (adapters made by\n"
-            "                  `loraplex quad fit` / `quad ptq` need theirs; docs/quad.md)\n");
+            "                  `loraplex quad fit` / `quad ptq` need theirs; docs/quad.md)\n"
+            "  --speculate DIR also decode every record speculatively with DIR/<task>.lpf\n"
+            "                  (tree 3,2; a task without a file: prompt lookup alone) and\n"
+            "                  report how many outputs were identical to plain decoding\n"
+            "                  (the command fails if any differs), tokens per pass and\n"
+            "                  tok/s plain vs speculative (wall time of the batched decode,\n"
+            "                  prefill included: meaningful on a quiet machine only)\n"
+            "  --lookup N[:L]  with --speculate: prompt lookup for every task too (default\n"
+            "                  3:8, used only where a task has no forecast file)\n"
+            "  --costed        with --speculate: measure this machine's cost of a pass of R\n"
+            "                  rows first and place only the candidates that pay (docs/speculate.md)\n");
 }
 
 static char *trim(char *s) {
@@ -246,6 +268,7 @@ static int adapter_for(const eval_opts *o, const char *task) {
 typedef struct record_out {
     char text[1024];
     size_t len;
+    int generated, passes; /* tokens; passes that produced them (= tokens when plain) */
 } record_out;
 
 static bool collect_record(void *user, int request, const char *text, size_t len) {
@@ -263,15 +286,18 @@ static bool collect_record(void *user, int request, const char *text, size_t len
  * newline and is left in out[i].text. A prompt too long for a sequence is
  * scored as a miss (empty output). */
 static int decode_records(lp_context *ctx, const lp_model *model, const eval_record *rs, int n,
-                          const lp_adapter *adapter, int max_new, int max_seq_len, int32_t *tokens,
-                          record_out *out, lp_error *err) {
+                          const lp_adapter *adapter, const lp_speculate *sp, int max_new, int max_seq_len,
+                          int32_t *tokens, record_out *out, lp_error *err) {
     static const char *const newline[1] = {"\n"};
     lp_engine *e = lp_engine_create(ctx, NULL, err);
     if (!e) return -1;
     int rc = 0;
+    int ids[256];
     for (int i = 0; i < n && rc == 0; i++) {
         out[i].len = 0;
         out[i].text[0] = '\0';
+        out[i].generated = out[i].passes = 0;
+        ids[i] = -1;
         int k = lp_tokenize(model, rs[i].prompt, strlen(rs[i].prompt), lp_model_add_bos(model), false, tokens,
                             max_seq_len, err);
         if (k < 0) rc = -1;
@@ -287,9 +313,19 @@ static int decode_records(lp_context *ctx, const lp_model *model, const eval_rec
         q.n_stop = 1;
         q.fn = collect_record;
         q.user = &out[i];
-        if (lp_engine_submit(e, &q, err) < 0) rc = -1;
+        q.speculate = sp;
+        if ((ids[i] = lp_engine_submit(e, &q, err)) < 0) rc = -1;
     }
     if (rc == 0 && lp_engine_run(e, err) != 0) rc = -1;
+    for (int i = 0; i < n && rc == 0; i++) {
+        if (ids[i] < 0) continue;
+        lp_request_stats st;
+        lp_spec_stats ss;
+        lp_engine_request_stats(e, ids[i], &st);
+        lp_engine_request_spec_stats(e, ids[i], &ss);
+        out[i].generated = st.n_generated;
+        out[i].passes = sp ? ss.n_passes : st.n_generated;
+    }
     lp_engine_free(e);
     return rc;
 }
@@ -322,24 +358,59 @@ static eval_group *group_get(group_list *gl, const char *task, const char *lang,
     return g;
 }
 
+/* --speculate: the task's forecast file DIR/<task>.lpf if there is one
+ * (tree {3, 2}, plus prompt lookup if --lookup), else prompt lookup alone.
+ * *f is the loaded set (NULL: none), tree names the shape for the report. */
+static int task_speculate(const eval_opts *o, const lp_model *model, const char *task, const float *cost,
+                          lp_speculate *sp, lp_forecast **f, char *tree, size_t cap, lp_error *err) {
+    *sp = lp_speculate_default();
+    *f = NULL;
+    char path[1024];
+    snprintf(path, sizeof path, "%s/%s.lpf", o->speculate, task);
+    FILE *probe = fopen(path, "rb");
+    if (probe) {
+        fclose(probe);
+        if (!(*f = lp_forecast_load(path, err)) || lp_forecast_check(*f, model, err) != 0) return -1;
+        int k = lp_forecast_k(*f);
+        sp->forecast = *f;
+        sp->branches[0] = 3;
+        sp->branches[1] = 2;
+        sp->depth = k < 2 ? k : 2;
+    }
+    if (!*f || o->lookup_ngram > 0) {
+        sp->lookup_ngram = o->lookup_ngram > 0 ? o->lookup_ngram : 3;
+        sp->lookup_len = o->lookup_len > 0 ? o->lookup_len : 8;
+    }
+    if (o->costed) memcpy(sp->pass_cost, cost, sizeof sp->pass_cost);
+    size_t n = 0;
+    tree[0] = '\0';
+    if (*f) n += (size_t)snprintf(tree, cap, "forecast [3,2]");
+    if (sp->lookup_ngram > 0 && n < cap)
+        snprintf(tree + n, cap - n, "%slookup %d:%d", n ? " + " : "", sp->lookup_ngram, sp->lookup_len);
+    return 0;
+}
+
 /* Scores every task (with its adapter, and with the base if asked) on one
  * model, adding to the groups' score[which]. */
-static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *err) {
+static int eval_model(const eval_opts *o, int which, group_list *gl, bool *all_same, lp_error *err) {
     const char *path = o->model_path[which];
     lp_model *model = lp_model_load(path, NULL, err);
     if (!model) return -1;
     lp_adapter *adapters[32] = {0};
     lp_profile *profile = NULL;
     lp_context *ctx = NULL;
-    record_out *outs = NULL;
+    lp_forecast *forecast = NULL;
+    record_out *outs = NULL, *spec_outs = NULL;
     int32_t *tokens = NULL;
     int rc = -1;
     int max_seq_len = 512, max_rows = 512;
+    /* a speculating request asks for (1 + nodes) x (1 + depth) logit rows */
+    if (o->speculate) max_rows += 64 * o->batch;
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = o->threads;
     cp.max_rows = max_rows;
     cp.max_sequences = o->batch;
-    cp.max_logit_rows = o->batch > 64 ? o->batch : 64;
+    cp.max_logit_rows = o->speculate ? 64 * o->batch : o->batch > 64 ? o->batch : 64;
     cp.max_seq_len = max_seq_len;
     cp.n_ctx = o->batch * max_seq_len;
     cp.max_adapters = o->n_adapters > 0 ? o->n_adapters : 1;
@@ -356,9 +427,12 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
         }
         if (lp_context_bind_adapter(ctx, i + 1, adapters[i], err) != 0) goto done;
     }
+    float cost[LP_SPEC_COST_ROWS] = {0};
+    if (o->speculate && o->costed && lp_speculate_measure_cost(ctx, 64, cost, LP_SPEC_COST_ROWS, err) != 0) goto done;
     outs = calloc((size_t)o->batch, sizeof *outs);
+    spec_outs = calloc((size_t)o->batch, sizeof *spec_outs);
     tokens = calloc((size_t)max_seq_len, sizeof *tokens);
-    if (!outs || !tokens) {
+    if (!outs || !spec_outs || !tokens) {
         lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
@@ -377,6 +451,12 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
         int n = read_eval(file, o->max_records, &rs, err);
         if (n < 0) goto done;
         if (n == 0) continue;
+        lp_speculate sp;
+        char tree[64] = "";
+        if (o->speculate && task_speculate(o, model, task, cost, &sp, &forecast, tree, sizeof tree, err) != 0) {
+            free_records(rs, n);
+            goto done;
+        }
         int slots[2] = {adapter_for(o, task), 0};
         int n_runs = o->base && slots[0] != 0 ? 2 : 1;
         double t0 = lp_now_seconds();
@@ -385,12 +465,31 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
             const char *aname = slot ? o->adapter_name[slot - 1] : "base";
             for (int start = 0; start < n; start += o->batch) {
                 int count = n - start < o->batch ? n - start : o->batch;
-                if (decode_records(ctx, model, rs + start, count, slot ? adapters[slot - 1] : NULL, o->max_new,
-                                   max_seq_len, tokens, outs, err) != 0) {
+                const lp_adapter *ad = slot ? adapters[slot - 1] : NULL;
+                double t1 = lp_now_seconds();
+                if (decode_records(ctx, model, rs + start, count, ad, NULL, o->max_new, max_seq_len, tokens, outs,
+                                   err) != 0) {
                     free_records(rs, n);
                     goto done;
                 }
+                double t2 = lp_now_seconds();
+                if (o->speculate && decode_records(ctx, model, rs + start, count, ad, &sp, o->max_new, max_seq_len,
+                                                   tokens, spec_outs, err) != 0) {
+                    free_records(rs, n);
+                    goto done;
+                }
+                double t3 = lp_now_seconds();
                 for (int i = 0; i < count; i++) {
+                    bool same = o->speculate && outs[i].len == spec_outs[i].len &&
+                                !memcmp(outs[i].text, spec_outs[i].text, outs[i].len) &&
+                                outs[i].generated == spec_outs[i].generated;
+                    if (o->speculate && !same) {
+                        *all_same = false;
+                        fprintf(stderr,
+                                "eval-tasks: %s record %d (%s, %s): speculative output differs from plain decoding\n"
+                                "  plain:       %s\n  speculative: %s\n",
+                                task, start + i + 1, aname, tree, outs[i].text, spec_outs[i].text);
+                    }
                     const eval_record *r = &rs[start + i];
                     char ref[1024];
                     snprintf(ref, sizeof ref, "%s", r->completion);
@@ -407,10 +506,26 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
                         sc->n++;
                         sc->exact += strcmp(hyp, want) == 0;
                         sc->chrf += lp_chrf(hyp, want);
+                        if (!o->speculate) continue;
+                        snprintf(gs[k]->tree, sizeof gs[k]->tree, "%s", tree);
+                        sc->identical += same;
+                        sc->spec_tokens += spec_outs[i].generated;
+                        sc->spec_passes += spec_outs[i].passes;
+                        sc->plain_tokens += outs[i].generated;
+                        /* a batch's time goes to its records by their share of its tokens */
+                        int tot_p = 0, tot_s = 0;
+                        for (int j = 0; j < count; j++) {
+                            tot_p += outs[j].generated;
+                            tot_s += spec_outs[j].generated;
+                        }
+                        if (tot_p) sc->plain_s += (t2 - t1) * outs[i].generated / tot_p;
+                        if (tot_s) sc->spec_s += (t3 - t2) * spec_outs[i].generated / tot_s;
                     }
                 }
             }
         }
+        lp_forecast_free(forecast);
+        forecast = NULL;
         if (!o->json)
             fprintf(stderr, "eval-tasks: %s: %s, %d records in %.1f s\n", path, task, n,
                     lp_now_seconds() - t0);
@@ -419,7 +534,9 @@ static int eval_model(const eval_opts *o, int which, group_list *gl, lp_error *e
     rc = 0;
 done:
     free(outs);
+    free(spec_outs);
     free(tokens);
+    lp_forecast_free(forecast);
     lp_context_free(ctx);
     for (int i = 0; i < o->n_adapters; i++) lp_adapter_free(adapters[i]);
     lp_profile_free(profile);
@@ -442,11 +559,13 @@ static int group_cmp(const void *pa, const void *pb) {
 
 static double pct(int a, int n) { return n ? 100.0 * a / n : 0.0; }
 static double mean(double s, int n) { return n ? s / n : 0.0; }
+static double ratio(double a, double b) { return b > 0 ? a / b : 0.0; }
 
 static void print_table(const eval_opts *o, const group_list *gl) {
     bool q = o->model_path[1] != NULL;
     printf("%-14s %-6s %-14s %5s %8s %8s", "task", "lang", "adapter", "n", "EM%", "chrF");
     if (q) printf(" %8s %8s %8s %8s", "q EM%", "q chrF", "rel EM%", "rel chrF");
+    if (o->speculate) printf(" %9s %8s %9s %9s  %s", "identical", "tok/pass", "plain t/s", "spec t/s", "speculated with");
     printf("\n");
     for (int i = 0; i < gl->n; i++) {
         const eval_group *g = &gl->g[i];
@@ -460,6 +579,12 @@ static void print_table(const eval_opts *o, const group_list *gl) {
             else printf(" %8s", "-");
             if (cf > 0) printf(" %8.1f", 100.0 * qcf / cf);
             else printf(" %8s", "-");
+        }
+        if (o->speculate) {
+            char same[24];
+            snprintf(same, sizeof same, "%d/%d", f->identical, f->n);
+            printf(" %9s %8.2f %9.1f %9.1f  %s", same, ratio((double)f->spec_tokens, (double)f->spec_passes),
+                   ratio((double)f->plain_tokens, f->plain_s), ratio((double)f->spec_tokens, f->spec_s), g->tree);
         }
         printf("\n");
     }
@@ -482,6 +607,17 @@ static void print_json(const eval_opts *o, const group_list *gl) {
             cJSON *s = cJSON_AddObjectToObject(e, names[k]);
             cJSON_AddNumberToObject(s, "exact_match", pct(g->score[k].exact, g->score[k].n));
             cJSON_AddNumberToObject(s, "chrf", mean(g->score[k].chrf, g->score[k].n));
+            if (!o->speculate) continue;
+            const eval_score *sc = &g->score[k];
+            cJSON *sp = cJSON_AddObjectToObject(s, "speculate");
+            cJSON_AddStringToObject(sp, "tree", g->tree);
+            cJSON_AddNumberToObject(sp, "identical", sc->identical);
+            cJSON_AddNumberToObject(sp, "records", sc->n);
+            cJSON_AddNumberToObject(sp, "tokens", (double)sc->spec_tokens);
+            cJSON_AddNumberToObject(sp, "passes", (double)sc->spec_passes);
+            cJSON_AddNumberToObject(sp, "tokens_per_pass", ratio((double)sc->spec_tokens, (double)sc->spec_passes));
+            cJSON_AddNumberToObject(sp, "plain_tok_s", ratio((double)sc->plain_tokens, sc->plain_s));
+            cJSON_AddNumberToObject(sp, "spec_tok_s", ratio((double)sc->spec_tokens, sc->spec_s));
         }
         if (o->model_path[1]) {
             double em = pct(g->score[0].exact, g->score[0].n);
@@ -533,6 +669,7 @@ int cli_eval_tasks(int argc, char **argv) {
         }
         if (!strcmp(a, "--base")) { o.base = true; continue; }
         if (!strcmp(a, "--json")) { o.json = true; continue; }
+        if (!strcmp(a, "--costed")) { o.costed = true; continue; }
         if (!(v = cli_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) o.model_path[0] = v;
         else if (!strcmp(a, "--quantized")) o.model_path[1] = v;
@@ -540,6 +677,20 @@ int cli_eval_tasks(int argc, char **argv) {
         else if (!strcmp(a, "--adapters")) o.adapter_spec = strdup(v);
         else if (!strcmp(a, "--tasks")) o.only_tasks = v;
         else if (!strcmp(a, "--profile")) o.profile = v;
+        else if (!strcmp(a, "--speculate")) o.speculate = v;
+        else if (!strcmp(a, "--lookup")) {
+            char *end;
+            long g = strtol(v, &end, 10), len = 8;
+            if (*end == ':') len = strtol(end + 1, &end, 10);
+            if (*end || g < 1 || g > 16 || len < 1 || len > LP_SPEC_MAX_NODES) {
+                fprintf(stderr, "loraplex eval-tasks: --lookup wants N (1..16) or N:L (L 1..%d)\n",
+                        LP_SPEC_MAX_NODES);
+                free(o.adapter_spec);
+                return 2;
+            }
+            o.lookup_ngram = (int)g;
+            o.lookup_len = (int)len;
+        }
         else if (!strcmp(a, "--max")) {
             if (!cli_int(a, v, 1, 10000000, &n)) return 2;
             o.max_records = (int)n;
@@ -558,6 +709,11 @@ int cli_eval_tasks(int argc, char **argv) {
             return 2;
         }
     }
+    if ((o.lookup_ngram || o.costed) && !o.speculate) {
+        fprintf(stderr, "loraplex eval-tasks: --lookup and --costed need --speculate DIR\n");
+        free(o.adapter_spec);
+        return 2;
+    }
     if (!o.model_path[0] || !o.data_dir) {
         eval_usage(stderr);
         free(o.adapter_spec);
@@ -570,8 +726,9 @@ int cli_eval_tasks(int argc, char **argv) {
     group_list gl = {0};
     lp_error err;
     int rc = 0;
+    bool all_same = true;
     for (int which = 0; which < 2 && rc == 0; which++)
-        if (o.model_path[which] && eval_model(&o, which, &gl, &err) != 0)
+        if (o.model_path[which] && eval_model(&o, which, &gl, &all_same, &err) != 0)
             rc = cli_fail("eval-tasks", &err);
     if (rc == 0 && gl.n == 0) {
         fprintf(stderr, "loraplex eval-tasks: no <task>.eval.jsonl files in %s\n", o.data_dir);
@@ -581,6 +738,11 @@ int cli_eval_tasks(int argc, char **argv) {
         qsort(gl.g, (size_t)gl.n, sizeof *gl.g, group_cmp);
         if (o.json) print_json(&o, &gl);
         else print_table(&o, &gl);
+    }
+    if (rc == 0 && !all_same) {
+        fprintf(stderr, "loraplex eval-tasks: FAILED: a speculative output differs from plain decoding "
+                        "(a bug in speculative decoding: report it)\n");
+        rc = 1;
     }
     free(gl.g);
     free(o.adapter_spec);
