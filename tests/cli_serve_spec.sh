@@ -47,6 +47,9 @@ done
 if [ -z "$port" ]; then echo "FAIL: the server did not start:"; cat "$work/log"; kill $pid 2>/dev/null; exit 1; fi
 url="http://127.0.0.1:$port"
 
+code=$(curl -s -o "$work/bad" -w '%{http_code}' "$url/v1/completions" -d '{"prompt":"hi","speculate":"yes"}')
+[ "$code" = 400 ] && grep -q "'speculate' must be true or false" "$work/bad" && ok || bad "speculate: \"yes\": $code $(cat "$work/bad")"
+
 prompts=()
 while IFS= read -r line; do
   prompts+=("$(printf '%s' "$line" | sed 's/.*"prompt":"\([^"]*\)".*/\1/')")
