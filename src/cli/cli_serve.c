@@ -30,6 +30,16 @@ static void serve_usage(FILE *out) {
             "  -c, --ctx N             KV tokens shared by all requests (default 4096 per 4 parallel)\n"
             "  -t, --threads N         worker threads (default: all cores)\n"
             "  -q, --quiet             no line per request\n"
+            "speculative decoding (docs/speculate.md; the output is the plain output):\n"
+            "      --forecast NAME=PATH forecast embeddings (.lpf) for requests of adapter NAME\n"
+            "                          (or the base, by its name; repeatable)\n"
+            "      --speculate MODE    requests' default: off (default), lookup (prompt lookup\n"
+            "                          only), on (forecast set where bound + lookup), auto (as on,\n"
+            "                          pruned by the cost model measured at startup); a request\n"
+            "                          overrides it\n"
+            "                          with \"speculate\": true|false; logprobs decode plainly\n"
+            "      --lookup N[:L]      prompt lookup: n-gram N, L tokens (default 3:8)\n"
+            "      --tree B1,B2,...    candidates per forecast depth (default 3,2)\n"
             "endpoints: POST /v1/chat/completions, POST /v1/completions (stream: true for SSE),\n"
             "GET /v1/models, POST /v1/load_lora_adapter, /v1/unload_lora_adapter, /tokenize,\n"
             "/detokenize, GET /health, /metrics, and the chat page at /.\n");
@@ -38,6 +48,7 @@ static void serve_usage(FILE *out) {
 typedef struct serve_names {
     char buf[LP_SERVER_MAX_ADAPTERS][2 * PATH_MAX];
     int n;
+    char forecast[LP_SERVER_MAX_ADAPTERS][2 * PATH_MAX];
     char demo_base[PATH_MAX + 32], demo_adapters[PATH_MAX + 32];
 } serve_names;
 
@@ -81,6 +92,58 @@ static bool add_dir(lp_server_params *p, serve_names *names, const char *dir) {
         free(files[i]);
     }
     return ok;
+}
+
+static bool add_forecast(lp_server_params *p, serve_names *names, const char *s) {
+    const char *eq = s ? strchr(s, '=') : NULL;
+    if (!eq || eq == s || !eq[1] || eq - s >= PATH_MAX) {
+        fprintf(stderr, "loraplex serve: --forecast wants NAME=PATH\n");
+        return false;
+    }
+    if (p->n_forecasts == LP_SERVER_MAX_ADAPTERS) {
+        fprintf(stderr, "loraplex serve: at most %d forecast sets\n", LP_SERVER_MAX_ADAPTERS);
+        return false;
+    }
+    char *b = names->forecast[p->n_forecasts];
+    snprintf(b, PATH_MAX, "%.*s", (int)(eq - s), s);
+    snprintf(b + PATH_MAX, PATH_MAX, "%s", eq + 1);
+    p->forecast_names[p->n_forecasts] = b;
+    p->forecast_paths[p->n_forecasts] = b + PATH_MAX;
+    p->n_forecasts++;
+    return true;
+}
+
+/* --tree 3,2 and --lookup 3:8 */
+static bool parse_tree(lp_server_params *p, const char *s) {
+    int n = 0;
+    while (s && *s) {
+        char *end;
+        long b = strtol(s, &end, 10);
+        if (end == s || b < 1 || b > LP_SPEC_MAX_NODES || n == LP_SPEC_MAX_DEPTH || (*end && *end != ',')) n = -1;
+        if (n < 0) break;
+        p->tree[n++] = (int)b;
+        s = *end == ',' ? end + 1 : end;
+    }
+    if (n <= 0) {
+        fprintf(stderr, "loraplex serve: --tree wants up to %d counts 1..%d, like 3,2\n", LP_SPEC_MAX_DEPTH,
+                LP_SPEC_MAX_NODES);
+        return false;
+    }
+    p->tree_depth = n;
+    return true;
+}
+
+static bool parse_lookup(lp_server_params *p, const char *s) {
+    char *end = NULL;
+    long g = s ? strtol(s, &end, 10) : 0, len = 8;
+    if (end && *end == ':') len = strtol(end + 1, &end, 10);
+    if (!end || *end || g < 1 || g > 16 || len < 1 || len > LP_SPEC_MAX_NODES) {
+        fprintf(stderr, "loraplex serve: --lookup wants N (1..16) or N:L (L 1..%d)\n", LP_SPEC_MAX_NODES);
+        return false;
+    }
+    p->lookup_ngram = (int)g;
+    p->lookup_len = (int)len;
+    return true;
 }
 
 static int serve(int argc, char **argv, serve_names *names) {
@@ -128,6 +191,23 @@ static int serve(int argc, char **argv, serve_names *names) {
         } else if (!strcmp(a, "-t") || !strcmp(a, "--threads")) {
             if (!cli_int(a, cli_value(argc, argv, &i), 1, 1024, &v)) return 2;
             p.n_threads = (int)v;
+        } else if (!strcmp(a, "--forecast")) {
+            if (!add_forecast(&p, names, cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--tree")) {
+            if (!parse_tree(&p, cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--lookup")) {
+            if (!parse_lookup(&p, cli_value(argc, argv, &i))) return 2;
+        } else if (!strcmp(a, "--speculate")) {
+            const char *m = cli_value(argc, argv, &i);
+            if (!m) return 2;
+            if (!strcmp(m, "off")) p.speculate = LP_SERVER_SPEC_OFF;
+            else if (!strcmp(m, "lookup")) p.speculate = LP_SERVER_SPEC_LOOKUP;
+            else if (!strcmp(m, "on")) p.speculate = LP_SERVER_SPEC_ON;
+            else if (!strcmp(m, "auto")) p.speculate = LP_SERVER_SPEC_AUTO;
+            else {
+                fprintf(stderr, "loraplex serve: --speculate wants off, lookup, on or auto\n");
+                return 2;
+            }
         } else if (!strcmp(a, "-q") || !strcmp(a, "--quiet")) {
             p.quiet = true;
         } else {

@@ -278,6 +278,12 @@ static int parse_fields(parse *p, const cJSON *root, lp_api_kind kind) {
         get_number(p, root, "repeat_penalty", 0, 10, &rp))
         return -1;
     if (top_p <= 0) return bad(p, "'top_p' must be greater than 0");
+    const cJSON *spec = cJSON_GetObjectItemCaseSensitive(root, "speculate");
+    if (spec && !cJSON_IsNull(spec)) {
+        bool on = false;
+        if (get_bool(p, root, "speculate", &on)) return -1;
+        r->speculate = on;
+    }
     const cJSON *sv = cJSON_GetObjectItemCaseSensitive(root, "seed");
     if (sv && !cJSON_IsNull(sv)) {
         if (get_number(p, root, "seed", -9007199254740991.0, 9007199254740991.0, &seed)) return -1;
@@ -303,6 +309,7 @@ int lp_api_parse(const char *body, size_t len, lp_api_kind kind, lp_api_request 
     out->max_tokens = -1;
     out->n = 1;
     out->lora_id = -1;
+    out->speculate = -1;
     out->sampling = lp_sampler_default_params();
     parse p = {.r = out, .msg = msg, .cap = cap};
     if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");

@@ -46,6 +46,8 @@ typedef struct lp_api_request {
     int n_logit_bias;
     bool logprobs;                /* chat: logprobs true; completions: logprobs N given */
     int top_logprobs;             /* chat: top_logprobs; completions: logprobs N */
+    int speculate;                /* loraplex extension "speculate": true/false; -1: not
+                                     given (the server's --speculate default) */
 
     /* ownership */
     void *root;                   /* the parsed cJSON tree the strings live in */

@@ -16,6 +16,7 @@
 #include <pthread.h>
 #include <signal.h>
 #include <stdarg.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -45,6 +46,7 @@ typedef struct choice {
     int n_lps, cap_lps;
     int lps_sent;              /* of them streamed ... */
     size_t lps_offset;         /* ... and their text's length */
+    const lp_forecast *forecast; /* its adapter's forecast set (NULL: none) */
 } choice;
 
 struct job {
@@ -61,6 +63,7 @@ struct job {
     bool stream, include_usage, seed_set;
     bool logprobs;
     int top_logprobs;
+    bool speculate;            /* decode speculatively (never with logprobs) */
     lp_logit_bias *logit_bias; /* [sampling.n_logit_bias], sampling.logit_bias points here */
     char id[32], model[128];
     lp_api_meta meta;
@@ -88,6 +91,8 @@ typedef struct srv_adapter {
     /* under mu */
     int refs;
     uint64_t requests, tokens;
+    uint64_t spec_requests, spec_passes, spec_drafted, spec_accepted;
+    lp_forecast *forecast;     /* --forecast NAME=PATH (NULL: none; set at startup) */
     struct srv_adapter *next_retired;
 } srv_adapter;
 
@@ -120,6 +125,11 @@ typedef struct server {
     int kv_used, kv_total, kv_block_tokens;
     int last_batch_rows;
     uint64_t batch_hist[LP_BATCH_BUCKETS]; /* steps with at most 2^i rows (the last: any) */
+    uint64_t base_spec_requests, base_spec_passes, base_spec_drafted, base_spec_accepted;
+    /* speculation, fixed after startup */
+    lp_forecast *base_forecast; /* --forecast BASE=PATH */
+    bool costed;
+    float pass_cost[LP_SPEC_COST_ROWS];
 
     pthread_t scheduler;
     struct MHD_Daemon *daemon;
@@ -140,6 +150,7 @@ static void free_retired(server *s, srv_adapter *list) {
         for (int slot = 1; s->ctx && slot <= lp_context_n_slots(s->ctx); slot++)
             if (lp_context_slot_adapter(s->ctx, slot) == a->adapter) lp_context_bind_adapter(s->ctx, slot, NULL, NULL);
         lp_adapter_free(a->adapter);
+        lp_forecast_free(a->forecast);
         free(a);
     }
 }
@@ -209,6 +220,8 @@ static void choice_end_locked(choice *c, const char *finish, int n_generated) {
     pthread_cond_broadcast(&c->job->cond);
 }
 
+static lp_speculate speculation(const server *s, const lp_forecast *f);
+
 static void submit_job(server *s, job *j) {
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
@@ -227,6 +240,8 @@ static void submit_job(server *s, job *j) {
             rq.token_fn = on_token;
             rq.top_logprobs = j->top_logprobs;
         }
+        lp_speculate sp = speculation(s, c->forecast);
+        if (j->speculate) rq.speculate = &sp; /* copied by submit */
         lp_error err = {0};
         c->request = lp_engine_submit(s->engine, &rq, &err);
         if (c->request < 0) {
@@ -238,13 +253,43 @@ static void submit_job(server *s, job *j) {
     }
 }
 
+/* How a speculating request with this forecast set (NULL: none) decodes. */
+static lp_speculate speculation(const server *s, const lp_forecast *f) {
+    lp_speculate sp = lp_speculate_default();
+    if (f && s->p.speculate != LP_SERVER_SPEC_LOOKUP) {
+        sp.forecast = f;
+        int k = lp_forecast_k(f);
+        sp.depth = s->p.tree_depth < k ? s->p.tree_depth : k;
+        for (int d = 0; d < sp.depth; d++) sp.branches[d] = s->p.tree[d];
+    }
+    sp.lookup_ngram = s->p.lookup_ngram;
+    sp.lookup_len = s->p.lookup_len;
+    if (s->costed) memcpy(sp.pass_cost, s->pass_cost, sizeof sp.pass_cost);
+    return sp;
+}
+
+/* A finished speculating choice's counters, into its adapter's (mu held). */
+static void count_spec_locked(server *s, const choice *c, const lp_spec_stats *ss) {
+    uint64_t *req = c->sa ? &c->sa->spec_requests : &s->base_spec_requests;
+    uint64_t *passes = c->sa ? &c->sa->spec_passes : &s->base_spec_passes;
+    uint64_t *drafted = c->sa ? &c->sa->spec_drafted : &s->base_spec_drafted;
+    uint64_t *accepted = c->sa ? &c->sa->spec_accepted : &s->base_spec_accepted;
+    (*req)++;
+    *passes += (uint64_t)ss->n_passes;
+    *drafted += (uint64_t)ss->n_drafted;
+    *accepted += (uint64_t)ss->n_accepted;
+}
+
 /* Choices whose engine request finished: their reason, then released. */
 static void harvest(server *s, job *j) {
     for (int i = 0; i < j->n; i++) {
         choice *c = &j->ch[i];
         lp_request_stats st;
         if (c->done || c->request < 0 || lp_engine_request_stats(s->engine, c->request, &st) || !st.done) continue;
+        lp_spec_stats ss = {0};
+        if (j->speculate) lp_engine_request_spec_stats(s->engine, c->request, &ss);
         pthread_mutex_lock(&s->mu);
+        if (j->speculate) count_spec_locked(s, c, &ss);
         choice_end_locked(c, lp_api_finish_reason(st.stop_reason), st.n_generated);
         pthread_mutex_unlock(&s->mu);
         lp_engine_release(s->engine, c->request);
@@ -399,6 +444,31 @@ static enum MHD_Result route_models(server *s, conn *cn, struct MHD_Connection *
     return rc;
 }
 
+/* Speculation counters per adapter, the base as adapter="" (mu held). */
+static void spec_metrics_locked(const server *s, lp_sbuf *b) {
+    static const struct {
+        const char *name;
+        size_t offset_sa;
+    } rows[] = {
+        {"loraplex_spec_requests_total", offsetof(srv_adapter, spec_requests)},
+        {"loraplex_spec_passes_total", offsetof(srv_adapter, spec_passes)},
+        {"loraplex_spec_drafted_tokens_total", offsetof(srv_adapter, spec_drafted)},
+        {"loraplex_spec_accepted_tokens_total", offsetof(srv_adapter, spec_accepted)},
+    };
+    const uint64_t base[] = {s->base_spec_requests, s->base_spec_passes, s->base_spec_drafted, s->base_spec_accepted};
+    for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+        lp_sbuf_printf(b, "# TYPE %s counter\n%s{adapter=\"\"} %llu\n", rows[r].name, rows[r].name,
+                       (unsigned long long)base[r]);
+        for (int i = 0; i < LP_SERVER_MAX_ADAPTERS; i++) {
+            const srv_adapter *a = s->adapters[i];
+            if (!a) continue;
+            uint64_t v;
+            memcpy(&v, (const char *)a + rows[r].offset_sa, sizeof v);
+            lp_sbuf_printf(b, "%s{adapter=\"%s\"} %llu\n", rows[r].name, a->name, (unsigned long long)v);
+        }
+    }
+}
+
 static enum MHD_Result route_metrics(server *s, conn *cn, struct MHD_Connection *c) {
     lp_sbuf b = {0};
     pthread_mutex_lock(&s->mu);
@@ -449,6 +519,7 @@ static enum MHD_Result route_metrics(server *s, conn *cn, struct MHD_Connection 
     }
     lp_sbuf_printf(&b, "loraplex_batch_rows_per_step_sum %llu\nloraplex_batch_rows_per_step_count %llu\n",
                    (unsigned long long)s->rows, (unsigned long long)cumulative);
+    spec_metrics_locked(s, &b);
     lp_sbuf_printf(&b,
                    "# TYPE loraplex_adapters_loaded gauge\nloraplex_adapters_loaded %d\n"
                    "# TYPE loraplex_adapter_loads_total counter\nloraplex_adapter_loads_total %llu\n"
@@ -559,6 +630,9 @@ static job *make_job(server *s, const lp_api_request *r, unsigned *status, char 
     j->sampling = r->sampling;
     j->logprobs = r->logprobs;
     j->top_logprobs = r->top_logprobs;
+    /* the engine reports log-probabilities only without speculation: such
+     * requests decode plainly */
+    j->speculate = (r->speculate >= 0 ? r->speculate == 1 : s->p.speculate != LP_SERVER_SPEC_OFF) && !r->logprobs;
     pthread_cond_init(&j->cond, NULL);
     j->refs = 1;
     *status = 400;
@@ -596,7 +670,8 @@ static job *make_job(server *s, const lp_api_request *r, unsigned *status, char 
         }
         srv_adapter *sa = pick >= 0 ? s->adapters[pick] : NULL;
         if (sa) sa->refs++;
-        j->ch[i] = (choice){.job = j, .request = -1, .sa = sa, .adapter = sa ? sa->adapter : NULL};
+        j->ch[i] = (choice){.job = j, .request = -1, .sa = sa, .adapter = sa ? sa->adapter : NULL,
+                            .forecast = sa ? sa->forecast : s->base_forecast};
     }
     snprintf(j->model, sizeof j->model, "%s", base_pick >= 0 ? s->adapters[base_pick]->name : s->base_name);
     pthread_mutex_unlock(&s->mu);
@@ -1003,6 +1078,11 @@ lp_server_params lp_server_default_params(void) {
         .max_tokens = 1024,
         .max_body = 8u << 20,
         .timeout_s = 600,
+        .speculate = LP_SERVER_SPEC_OFF,
+        .lookup_ngram = 3,
+        .lookup_len = 8,
+        .tree = {3, 2},
+        .tree_depth = 2,
     };
 }
 
@@ -1012,6 +1092,27 @@ static void base_name_of(const char *path, char *out, size_t cap) {
     snprintf(out, cap, "%s", b);
     char *dot = strrchr(out, '.');
     if (dot && dot != out) *dot = 0;
+}
+
+/* --forecast NAME=PATH: each set checked against the base and bound to the
+ * adapter NAME (or the base, by its name). */
+static int bind_forecasts(server *s, lp_error *err) {
+    for (int i = 0; i < s->p.n_forecasts; i++) {
+        const char *name = s->p.forecast_names[i];
+        int pick = adapter_by_name(s, name);
+        if (pick == -2 || !name[0])
+            return lp_error_set(err, LP_ERR_INVALID, "--forecast %s=%s: no adapter named '%s' (nor is it the base's name '%s')",
+                                name, s->p.forecast_paths[i], name, s->base_name);
+        lp_forecast **slot = pick >= 0 ? &s->adapters[pick]->forecast : &s->base_forecast;
+        if (*slot) return lp_error_set(err, LP_ERR_INVALID, "--forecast %s: given twice", name);
+        lp_forecast *f = lp_forecast_load(s->p.forecast_paths[i], err);
+        if (!f) return -1;
+        *slot = f;
+        lp_error e = {0};
+        if (lp_forecast_check(f, s->model, &e))
+            return lp_error_set(err, e.status, "--forecast %s=%s: %s", name, s->p.forecast_paths[i], e.message);
+    }
+    return 0;
 }
 
 static int load(server *s, lp_error *err) {
@@ -1039,10 +1140,16 @@ static int load(server *s, lp_error *err) {
         if (!a->adapter) return -1;
         s->n_adapters++;
     }
+    if (bind_forecasts(s, err)) return -1;
+    bool spec = s->p.speculate != LP_SERVER_SPEC_OFF || s->p.n_forecasts > 0;
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = s->p.n_threads;
     cp.max_sequences = 2 * s->p.parallel; /* half run, half keep cached prefixes */
     cp.max_logit_rows = s->p.parallel * 2 > 64 ? s->p.parallel * 2 : 64;
+    /* speculating requests add tree and forecast rows with logits; rows
+     * that do not fit are left out (fewer accepted, same output) */
+    if (spec) cp.max_logit_rows = s->p.parallel * 32 > 512 ? 512 : s->p.parallel * 32 > 64 ? s->p.parallel * 32 : 64;
+    if (s->p.n_forecasts > cp.max_embd_tables) cp.max_embd_tables = s->p.n_forecasts;
     cp.n_ctx = s->p.n_ctx > 0 ? s->p.n_ctx : 4096 * ((s->p.parallel + 3) / 4);
     /* hot loading: room for adapters that are not here yet */
     int slots = s->adapter_dir[0] ? 16 : 1;
@@ -1056,6 +1163,13 @@ static int load(server *s, lp_error *err) {
     lp_context_get_params(s->ctx, &cp);
     s->n_ctx = cp.max_seq_len;
     s->max_rank = cp.max_adapter_rank;
+    /* the cost model: measured once, on an empty context, before the
+     * scheduler starts */
+    if (s->p.speculate == LP_SERVER_SPEC_AUTO) {
+        int ctx_len = s->n_ctx / 2 < 64 ? s->n_ctx / 2 : 64;
+        if (lp_speculate_measure_cost(s->ctx, ctx_len, s->pass_cost, LP_SPEC_COST_ROWS, err)) return -1;
+        s->costed = true;
+    }
     s->engine = lp_engine_create(s->ctx, NULL, err);
     return s->engine ? 0 : -1;
 }
@@ -1067,6 +1181,7 @@ static void unload(server *s) {
         if (s->adapters[i]) adapter_unref_locked(s, s->adapters[i]);
     free_retired(s, s->retired);
     lp_context_free(s->ctx);
+    lp_forecast_free(s->base_forecast);
     lp_model_free(s->model);
 }
 

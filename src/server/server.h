@@ -34,7 +34,22 @@ typedef struct lp_server_params {
                                          here (NULL: hot loading is off) */
     int max_lora_rank;                /* highest rank a hot-loaded adapter may have
                                          (0: the startup adapters', at least 64) */
+    /* speculative decoding (docs/speculate.md, docs/server.md) */
+    const char *forecast_names[LP_SERVER_MAX_ADAPTERS]; /* adapter name (or the base's) */
+    const char *forecast_paths[LP_SERVER_MAX_ADAPTERS]; /* its .lpf file */
+    int n_forecasts;
+    int speculate;                    /* the default of requests: LP_SERVER_SPEC_* */
+    int lookup_ngram, lookup_len;     /* prompt lookup (3, 8) */
+    int tree[LP_SPEC_MAX_DEPTH];      /* candidates per forecast depth ({3, 2}) */
+    int tree_depth;
 } lp_server_params;
+
+/* --speculate, the default of requests: off (a request may still ask with
+ * "speculate": true, which then uses the adapter's forecast set and lookup),
+ * lookup (prompt lookup only), on (the adapter's forecast set when one is
+ * bound, plus lookup, every candidate placed), auto (as on, with the cost
+ * model measured at startup pruning candidates that do not pay). */
+enum { LP_SERVER_SPEC_OFF, LP_SERVER_SPEC_LOOKUP, LP_SERVER_SPEC_ON, LP_SERVER_SPEC_AUTO };
 
 lp_server_params lp_server_default_params(void);
 
