@@ -460,11 +460,31 @@ void lp_sbuf_printf(lp_sbuf *b, const char *fmt, ...) {
     free(big);
 }
 
+/* Bytes of the one well-formed UTF-8 character at s (n > 0, s[0] >= 0x80), 0 if there is none. */
+static size_t utf8_char(const unsigned char *s, size_t n) {
+    size_t len = s[0] >= 0xf0 ? 4 : s[0] >= 0xe0 ? 3 : s[0] >= 0xc2 ? 2 : 0;
+    return len && len <= n && lp_utf8_valid(s, len) ? len : 0;
+}
+
+/* A JSON string of text, any byte that is not part of well-formed UTF-8
+ * written as U+FFFD (a model can emit stray byte tokens; JSON must stay
+ * valid UTF-8, as other OpenAI servers keep it). */
 void lp_sbuf_json_string(lp_sbuf *b, const char *s, size_t n) {
     lp_sbuf_lit(b, "\"");
     size_t run = 0;
     for (size_t i = 0; i < n; i++) {
         unsigned char c = (unsigned char)s[i];
+        if (c >= 0x80) {
+            size_t k = utf8_char((const unsigned char *)s + i, n - i);
+            if (k) {
+                i += k - 1;
+                continue;
+            }
+            lp_sbuf_add(b, s + run, i - run);
+            run = i + 1;
+            lp_sbuf_lit(b, "\\ufffd");
+            continue;
+        }
         if (c >= 0x20 && c != '"' && c != '\\') continue;
         lp_sbuf_add(b, s + run, i - run);
         run = i + 1;
