@@ -141,8 +141,8 @@ static void test_tiny_roundtrip(void) {
         char again[128];
         snprintf(again, sizeof again, "%s/again.safetensors", dir);
         CHECK(lp_sd_synth_write(&tiny, LP_ST_F32, 5, "sd-tiny", again, &err) == 0);
-        char *a, *b;
-        size_t na, nb;
+        char *a = NULL, *b = NULL;
+        size_t na = 0, nb = 1;
         CHECK(lp_read_file(path, &a, &na, 64 << 20, &err) == 0 && lp_read_file(again, &b, &nb, 64 << 20, &err) == 0);
         CHECK(na == nb && memcmp(a, b, na) == 0);
         free(a), free(b);
