@@ -44,5 +44,9 @@ const char *cli_value(int argc, char **argv, int *i);
 
 /* Prints "loraplex: <what>: <message>" and returns 1. */
 int cli_fail(const char *what, const lp_error *err);
+/* The "prompt" of every JSON line of path (the first max; 0: all), tokenized
+ * with the model's BOS: n > 0 prompts in *out / *lens (each and both
+ * arrays malloc'd), or -1 with err naming the file and line. */
+int cli_load_prompts(const lp_model *m, const char *path, int max, int32_t ***out, int **lens, lp_error *err);
 
 #endif

@@ -17,8 +17,6 @@
 #include <string.h>
 #include <sys/stat.h>
 
-#include <cjson/cJSON.h>
-
 #include "../base/base.h"
 #include "cli.h"
 #include "tools.h"
@@ -28,7 +26,7 @@ int cli_kernels_line(char *buf, size_t cap, lp_error *err); /* cli_model.c */
 
 #define MAX_TASKS 32
 #define MAX_TREES 20
-#define MAX_RECORDS 256
+#define MAX_RECORDS 4096
 #define MAX_OUT 512
 #define COST_SHOWN 10
 
@@ -56,52 +54,15 @@ typedef struct config_result {
 } config_result;
 
 typedef struct record_set {
-    int32_t *prompt[MAX_RECORDS];
-    int len[MAX_RECORDS], n;
+    int32_t **prompt; /* [n] tokenized prompts (cli_load_prompts) */
+    int *len, n;
 } record_set;
 
 static void records_free(record_set *r) {
     for (int i = 0; i < r->n; i++) free(r->prompt[i]);
-    r->n = 0;
-}
-
-/* The first `max` prompts of a task's eval file, tokenized. */
-static int records_load(const lp_model *m, const char *path, int max, record_set *out, lp_error *err) {
-    char *text = NULL;
-    size_t size;
-    out->n = 0;
-    if (lp_read_file(path, &text, &size, 256u << 20, err)) return -1;
-    int line_no = 0;
-    char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line && out->n < max; line = strtok_r(NULL, "\n", &save)) {
-        line_no++;
-        cJSON *j = cJSON_Parse(line);
-        const cJSON *pr = j ? cJSON_GetObjectItemCaseSensitive(j, "prompt") : NULL;
-        int k = -1;
-        if (cJSON_IsString(pr)) {
-            const char *s = pr->valuestring;
-            k = lp_tokenize(m, s, strlen(s), lp_model_add_bos(m), false, NULL, 0, err);
-            int32_t *t = k > 0 ? malloc((size_t)k * sizeof *t) : NULL;
-            if (t && lp_tokenize(m, s, strlen(s), lp_model_add_bos(m), false, t, k, err) == k) {
-                out->prompt[out->n] = t;
-                out->len[out->n++] = k;
-            } else {
-                free(t);
-                k = -1;
-            }
-        }
-        cJSON_Delete(j);
-        if (k < 1) {
-            lp_error_set(err, LP_ERR_FORMAT, "%s:%d: not a JSON object with a non-empty \"prompt\" string", path,
-                         line_no);
-            free(text);
-            records_free(out);
-            return -1;
-        }
-    }
-    free(text);
-    if (out->n == 0) return lp_error_set(err, LP_ERR_FORMAT, "%s: no records", path);
-    return 0;
+    free(r->prompt);
+    free(r->len);
+    *r = (record_set){0};
 }
 
 /* ---- the cost of a pass of R rows ------------------------------------------------------ */
@@ -409,7 +370,7 @@ static int bench_task(lp_context *ctx, const spec_options *o, const task *t, con
     record_set rs = {0};
     char path[4096];
     snprintf(path, sizeof path, "%s/%s.eval.jsonl", o->data, t->name);
-    if (records_load(lp_context_model(ctx), path, o->records, &rs, err)) return -1;
+    if ((rs.n = cli_load_prompts(lp_context_model(ctx), path, o->records, &rs.prompt, &rs.len, err)) < 0) return -1;
     spec_config cs[MAX_TREES];
     int n = make_configs(o->trees, t->forecast != NULL, cs);
     if (n < 0) {

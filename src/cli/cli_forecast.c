@@ -90,8 +90,7 @@ static void train_forecast_usage(FILE *out) {
             "  -s, --seed S       (default 1)   -t, --threads N (default: all cores)\n");
 }
 
-/* The "prompt" of every JSON line, tokenized. */
-static int load_prompts(const lp_model *m, const char *path, int32_t ***out, int **lens, lp_error *err) {
+int cli_load_prompts(const lp_model *m, const char *path, int max, int32_t ***out, int **lens, lp_error *err) {
     char *text = NULL;
     size_t size;
     if (lp_read_file(path, &text, &size, 256u << 20, err)) return -1;
@@ -99,7 +98,7 @@ static int load_prompts(const lp_model *m, const char *path, int32_t ***out, int
     int32_t **ps = NULL;
     int *ls = NULL;
     char *save = NULL;
-    for (char *line = strtok_r(text, "\n", &save); line; line = strtok_r(NULL, "\n", &save)) {
+    for (char *line = strtok_r(text, "\n", &save); line && (max <= 0 || n < max); line = strtok_r(NULL, "\n", &save)) {
         line_no++;
         while (*line == ' ' || *line == '\t' || *line == '\r') line++;
         if (!*line) continue;
@@ -220,7 +219,7 @@ int cli_train_forecast(int argc, char **argv) {
             goto out;
         }
     }
-    n = load_prompts(m, data, &prompts, &lens, &err);
+    n = cli_load_prompts(m, data, 0, &prompts, &lens, &err);
     if (n < 0) {
         n = 0;
         rc = cli_fail(data, &err);

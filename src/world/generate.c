@@ -79,21 +79,8 @@ int world_close_out(FILE *f, const char *path, lp_error *err) {
 }
 
 /* Where a task's records go; NULL members are skipped. */
-typedef struct task_out {
-    FILE *train, *eval;
-    lp_bpe *bpe;             /* learns from the first per_task train records */
-    lp_world_record *first;  /* the first train record */
-} task_out;
-
-/* Draws a task's records: n_train train and eval_per_task eval records,
- * cycling through the languages; a record goes to eval when its meaning key
- * is an eval key, and repeated prompts are dropped. The eval records do not
- * depend on n_train (the sequence drawn is the same either way). v1: the
- * first generator version's correction records (see write_task). */
-static int draw_task(int task, const lp_world_params *p, int n_train_want, bool v1,
-                     const task_out *out, lp_world_stats *st, lp_error *err) {
-    const char *tname = lp_world_task_name(task);
-    size_t want = (size_t)n_train_want + (size_t)p->eval_per_task, cap = 1024;
+int world_draw_records(const world_draw *d, lp_error *err) {
+    size_t want = (size_t)d->n_train + (size_t)d->n_eval, cap = 1024;
     while (cap < want * 4) cap *= 2;
     world_hash_set seen = {.slots = calloc(cap, sizeof(uint64_t)), .mask = cap - 1};
     lp_world_record *r = malloc(sizeof *r);
@@ -103,41 +90,60 @@ static int draw_task(int task, const lp_world_params *p, int n_train_want, bool 
         goto done;
     }
     lp_rng rng;
-    lp_rng_seed(&rng, p->seed * 1000003u + (uint64_t)task * 7919u + 17u);
+    lp_rng_seed(&rng, d->seed);
     int n_train = 0, n_eval = 0;
-    for (uint64_t attempt = 0; n_train < n_train_want || n_eval < p->eval_per_task;
-         attempt++) {
+    for (uint64_t attempt = 0; n_train < d->n_train || n_eval < d->n_eval; attempt++) {
         if (attempt > (uint64_t)want * 50) {
-            lp_fail(err, "%s: could not find %zu distinct records (got %d train, %d eval)",
-                    tname, want, n_train, n_eval);
+            lp_fail(err, "%s: could not find %zu distinct records (got %d train, %d eval)", d->task_name, want,
+                    n_train, n_eval);
             goto done;
         }
-        uint64_t key = world_make_record(&rng, task, (int)(attempt % LP_N_LANGS), v1, r);
-        bool eval = lp_world_key_is_eval(key, p->eval_percent);
-        if (eval ? n_eval >= p->eval_per_task : n_train >= n_train_want) continue;
+        int lang = (int)(attempt % (uint64_t)d->n_langs);
+        uint64_t key = d->make(d->user, &rng, d->task, lang, r);
+        bool eval = lp_world_key_is_eval(key, d->eval_percent);
+        if (eval ? n_eval >= d->n_eval : n_train >= d->n_train) continue;
         if (!world_set_insert(&seen, world_hash_str(r->prompt))) continue;
-        FILE *f = eval ? out->eval : out->train;
+        FILE *f = eval ? d->eval : d->train;
         if (f) world_write_record(f, r);
         if (eval) {
             n_eval++;
             continue;
         }
-        if (out->first && n_train == 0) *out->first = *r;
-        if (out->bpe && n_train < p->per_task &&
-            (lp_bpe_add_text(out->bpe, r->prompt, strlen(r->prompt), err) != 0 ||
-             lp_bpe_add_text(out->bpe, r->completion, strlen(r->completion), err) != 0))
+        if (d->first && n_train == 0) *d->first = *r;
+        if (d->by_lang && !d->by_lang[lang].task[0]) d->by_lang[lang] = *r;
+        if (d->bpe && n_train < d->per_task &&
+            (lp_bpe_add_text(d->bpe, r->prompt, strlen(r->prompt), err) != 0 ||
+             lp_bpe_add_text(d->bpe, r->completion, strlen(r->completion), err) != 0))
             goto done;
         n_train++;
     }
-    if (st) {
-        st->task_train_records += (size_t)n_train;
-        st->task_eval_records += (size_t)n_eval;
+    if (d->st) {
+        d->st->task_train_records += (size_t)n_train;
+        d->st->task_eval_records += (size_t)n_eval;
     }
     rc = 0;
 done:
     free(seen.slots);
     free(r);
     return rc;
+}
+
+/* Version 1's records; user: whether they are the first generator's
+ * correction records (see write_task). */
+static uint64_t make_v1(const void *user, lp_rng *rng, int task, int lang, lp_world_record *r) {
+    return world_make_record(rng, task, lang, *(const bool *)user, r);
+}
+
+static int draw_task(int task, const lp_world_params *p, int n_train, bool v1, FILE *train, FILE *eval,
+                     lp_bpe *bpe, lp_world_record *first, lp_world_stats *st, lp_error *err) {
+    world_draw d = {
+        .task_name = lp_world_task_name(task), .task = task, .n_langs = LP_N_LANGS,
+        .make = make_v1, .user = &v1,
+        .seed = p->seed * 1000003u + (uint64_t)task * 7919u + 17u,
+        .n_train = n_train, .n_eval = p->eval_per_task, .per_task = p->per_task, .eval_percent = p->eval_percent,
+        .train = train, .eval = eval, .bpe = bpe, .first = first, .st = st,
+    };
+    return world_draw_records(&d, err);
 }
 
 /* One task's train and eval files. The correction task gets correct_factor
@@ -169,14 +175,10 @@ static int write_task(const char *dir, int task, const lp_world_params *p, lp_bp
         v1 = world_open_out(dir, name, path_v1, sizeof path_v1, err);
         rc = v1 ? 0 : -1;
     }
-    if (rc == 0 && correct) {
-        task_out out = {.train = v1, .bpe = bpe};
-        rc = draw_task(task, p, p->per_task, true, &out, NULL, err);
-    }
+    if (rc == 0 && correct) rc = draw_task(task, p, p->per_task, true, v1, NULL, bpe, NULL, NULL, err);
     if (rc == 0) {
         int n_train = correct ? p->per_task * p->correct_factor : p->per_task;
-        task_out out = {.train = tr, .eval = ev, .bpe = correct ? NULL : bpe, .first = first};
-        rc = draw_task(task, p, n_train, false, &out, st, err);
+        rc = draw_task(task, p, n_train, false, tr, ev, correct ? NULL : bpe, first, st, err);
     }
     int rc_v1 = v1 ? world_close_out(v1, path_v1, rc == 0 ? err : NULL) : 0;
     int rc_tr = world_close_out(tr, path_tr, rc == 0 ? err : NULL);

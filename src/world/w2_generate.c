@@ -22,55 +22,23 @@ typedef struct w2_gen {
     lp_world_record sample[LP_W2_N_TASKS][LP_W2_N_LANGS]; /* first train record per language */
 } w2_gen;
 
-/* Draws a task's records as version 1 does (generate.c): languages in turn,
- * eval when the meaning key is, repeated prompts dropped; the first
- * per_task train records also train the vocabulary. */
+static uint64_t make_v2(const void *user, lp_rng *rng, int task, int lang, lp_world_record *r) {
+    return lp_world2_make_record(user, rng, task, lang, r);
+}
+
+/* A task's records, drawn as version 1's are (world_draw_records). */
 static int draw_task(w2_gen *g, int task, FILE *train, FILE *eval, lp_error *err) {
     const lp_world_params *p = g->p;
-    int n_train_want = task == LP_W2_T_CORRECT ? p->per_task * p->correct_factor : p->per_task;
-    size_t want = (size_t)n_train_want + (size_t)p->eval_per_task, cap = 1024;
-    while (cap < want * 4) cap *= 2;
-    world_hash_set seen = {.slots = calloc(cap, sizeof(uint64_t)), .mask = cap - 1};
-    lp_world_record *r = malloc(sizeof *r);
-    int rc = -1;
-    if (!seen.slots || !r) {
-        lp_fail(err, "out of memory");
-        goto done;
-    }
-    lp_rng rng;
-    lp_rng_seed(&rng, p->seed * 1000033u + (uint64_t)task * 7907u + 29u);
-    int n_train = 0, n_eval = 0;
-    for (uint64_t attempt = 0; n_train < n_train_want || n_eval < p->eval_per_task; attempt++) {
-        if (attempt > (uint64_t)want * 50) {
-            lp_fail(err, "%s: could not find %zu distinct records (got %d train, %d eval)",
-                    lp_world2_task_name(task), want, n_train, n_eval);
-            goto done;
-        }
-        int lang = (int)(attempt % LP_W2_N_LANGS);
-        uint64_t key = lp_world2_make_record(g->w, &rng, task, lang, r);
-        bool is_eval = lp_world_key_is_eval(key, p->eval_percent);
-        if (is_eval ? n_eval >= p->eval_per_task : n_train >= n_train_want) continue;
-        if (!world_set_insert(&seen, world_hash_str(r->prompt))) continue;
-        world_write_record(is_eval ? eval : train, r);
-        if (is_eval) {
-            n_eval++;
-            continue;
-        }
-        if (n_train == 0) g->first[task] = *r;
-        if (!g->sample[task][lang].task[0]) g->sample[task][lang] = *r;
-        if (n_train < p->per_task &&
-            (lp_bpe_add_text(g->bpe, r->prompt, strlen(r->prompt), err) != 0 ||
-             lp_bpe_add_text(g->bpe, r->completion, strlen(r->completion), err) != 0))
-            goto done;
-        n_train++;
-    }
-    g->st->task_train_records += (size_t)n_train;
-    g->st->task_eval_records += (size_t)n_eval;
-    rc = 0;
-done:
-    free(seen.slots);
-    free(r);
-    return rc;
+    world_draw d = {
+        .task_name = lp_world2_task_name(task), .task = task, .n_langs = LP_W2_N_LANGS,
+        .make = make_v2, .user = g->w,
+        .seed = p->seed * 1000033u + (uint64_t)task * 7907u + 29u,
+        .n_train = task == LP_W2_T_CORRECT ? p->per_task * p->correct_factor : p->per_task,
+        .n_eval = p->eval_per_task, .per_task = p->per_task, .eval_percent = p->eval_percent,
+        .train = train, .eval = eval, .bpe = g->bpe, .first = &g->first[task], .by_lang = g->sample[task],
+        .st = g->st,
+    };
+    return world_draw_records(&d, err);
 }
 
 static int write_task(w2_gen *g, const char *dir, int task, lp_error *err) {

@@ -75,4 +75,24 @@ FILE *world_open_out(const char *dir, const char *name, char *path, size_t cap, 
 int world_close_out(FILE *f, const char *path, lp_error *err);
 int world_make_dir(const char *path, lp_error *err);
 
+/* A task's records drawn (every version): languages in turn, a record to
+ * eval when its meaning key is an eval key, repeated prompts dropped, until
+ * n_train train and n_eval eval records are found. The eval records do not
+ * depend on n_train (the sequence drawn is the same either way). */
+typedef uint64_t (*world_make_fn)(const void *user, lp_rng *rng, int task, int lang, lp_world_record *r);
+typedef struct world_draw {
+    const char *task_name;
+    int task, n_langs;
+    world_make_fn make;       /* one record for a language; returns its meaning key */
+    const void *user;
+    uint64_t seed;            /* the task's RNG seed */
+    int n_train, n_eval, per_task, eval_percent;
+    FILE *train, *eval;       /* NULL: drawn, not written */
+    lp_bpe *bpe;              /* learns from the first per_task train records */
+    lp_world_record *first;   /* the first train record */
+    lp_world_record *by_lang; /* [n_langs] the first train record of each language */
+    lp_world_stats *st;       /* counts added */
+} world_draw;
+int world_draw_records(const world_draw *d, lp_error *err);
+
 #endif
