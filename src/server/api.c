@@ -31,6 +31,20 @@ static int bad(parse *p, const char *fmt, ...) {
 
 static bool utf8_ok(const char *s) { return lp_utf8_valid((const uint8_t *)s, strlen(s)); }
 
+/* A request body as a JSON object (the caller deletes it), or NULL with msg set. */
+static cJSON *parse_body(parse *p, const char *body, size_t len) {
+    if (!lp_utf8_valid((const uint8_t *)body, len)) {
+        bad(p, "the body is not valid UTF-8");
+        return NULL;
+    }
+    cJSON *root = cJSON_ParseWithLength(body, len);
+    if (!root) bad(p, "the body is not valid JSON");
+    else if (!cJSON_IsObject(root)) bad(p, "the body must be a JSON object");
+    else return root;
+    cJSON_Delete(root);
+    return NULL;
+}
+
 /* A string field: absent leaves *out; present must be a valid UTF-8 string. */
 static int get_string(parse *p, const cJSON *o, const char *key, const char **out) {
     const cJSON *v = cJSON_GetObjectItemCaseSensitive(o, key);
@@ -257,7 +271,6 @@ static int parse_choice_models(parse *p, const cJSON *root) {
 
 static int parse_fields(parse *p, const cJSON *root, lp_api_kind kind) {
     lp_api_request *r = p->r;
-    if (!cJSON_IsObject(root)) return bad(p, "the body must be a JSON object");
     if (get_string(p, root, "model", &r->model)) return -1;
     if (kind == LP_API_CHAT ? parse_messages(p, root) : parse_prompt(p, root)) return -1;
     if (get_int(p, root, "max_tokens", 0, 1 << 24, &r->max_tokens) ||
@@ -312,9 +325,8 @@ int lp_api_parse(const char *body, size_t len, lp_api_kind kind, lp_api_request 
     out->speculate = -1;
     out->sampling = lp_sampler_default_params();
     parse p = {.r = out, .msg = msg, .cap = cap};
-    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root) return bad(&p, "the body is not valid JSON");
+    cJSON *root = parse_body(&p, body, len);
+    if (!root) return -1;
     out->root = root;
     if (parse_fields(&p, root, kind)) {
         lp_api_request_free(out);
@@ -338,14 +350,11 @@ int lp_api_parse_tokens(const char *body, size_t len, bool detokenize, lp_api_to
     memset(out, 0, sizeof *out);
     lp_api_request scratch = {0};
     parse p = {.r = &scratch, .msg = msg, .cap = cap};
-    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root) return bad(&p, "the body is not valid JSON");
+    cJSON *root = parse_body(&p, body, len);
+    if (!root) return -1;
     out->root = root;
     int rc = -1;
-    if (!cJSON_IsObject(root)) {
-        bad(&p, "the body must be a JSON object");
-    } else if (!detokenize) {
+    if (!detokenize) {
         out->content = "";
         if (!get_string(&p, root, "content", &out->content) && !get_bool(&p, root, "add_special", &out->add_special))
             rc = 0;
@@ -392,13 +401,11 @@ int lp_api_parse_lora(const char *body, size_t len, bool load, lp_api_lora_reque
     memset(out, 0, sizeof *out);
     lp_api_request scratch = {0};
     parse p = {.r = &scratch, .msg = msg, .cap = cap};
-    if (!lp_utf8_valid((const uint8_t *)body, len)) return bad(&p, "the body is not valid UTF-8");
-    cJSON *root = cJSON_ParseWithLength(body, len);
-    if (!root) return bad(&p, "the body is not valid JSON");
+    cJSON *root = parse_body(&p, body, len);
+    if (!root) return -1;
     out->root = root;
     int rc = -1;
-    if (!cJSON_IsObject(root)) bad(&p, "the body must be a JSON object");
-    else if (!get_string(&p, root, "lora_name", &out->name) &&
+    if (!get_string(&p, root, "lora_name", &out->name) &&
              !(load && get_string(&p, root, "lora_path", &out->path))) {
         if (!out->name || !lp_api_name_ok(out->name))
             bad(&p, "'lora_name' must be 1 to 127 letters, digits, '.', '_' or '-' (not \".\" or \"..\")");
