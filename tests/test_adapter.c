@@ -1,6 +1,7 @@
 /* Adapters: GGUF LoRA loading and merging against llama.cpp's merge, PEFT
  * directories (rank/alpha patterns, rsLoRA, q/k row permutation, every
  * rejection), and the .lpa round trip with corruption checks. */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -347,6 +348,33 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
         CHECK(same);
         lp_adapter_free(b);
     }
+    /* (e) GGUF LoRA round trip: every pair's A and scale x B come back */
+    char gg[600];
+    snprintf(gg, sizeof gg, "%s/a.gguf", dir);
+    CHECK_MSG(lp_adapter_write_gguf(a, gg, -1, &err) == 0, "%s", err.message);
+    b = lp_adapter_load(base, gg, 1.0f, &err);
+    CHECK_MSG(b != NULL, "%s", err.message);
+    if (b) {
+        bool same = !strcmp(b->format, "gguf") && b->n_pairs == a->n_pairs && !strcmp(b->name, a->name);
+        double worst = 0;
+        for (int i = 0; same && i < a->n_pairs; i++) {
+            const lp_lora_pair *x = &a->pairs[i], *y = &b->pairs[i];
+            same &= x->weight == y->weight && x->rank == y->rank && x->A.rows == y->A.rows &&
+                    x->A.cols == y->A.cols && x->B.rows == y->B.rows;
+            for (int64_t r = 0; same && r < x->A.rows; r++)
+                for (int64_t c = 0; c < x->A.cols; c++) same &= elem(&x->A, r, c) == elem(&y->A, r, c);
+            for (int64_t r = 0; same && r < x->B.rows; r++)
+                for (int64_t c = 0; c < x->rank; c++) {
+                    double u = (double)x->scale * elem(&x->B, r, c), v = (double)y->scale * elem(&y->B, r, c);
+                    double e = fabs(u - v) / (fabs(u) + 1e-30);
+                    if (u != v && e > worst) worst = e;
+                }
+        }
+        CHECK_MSG(same && worst < 1e-6, "same %d, worst relative error of scale x B %g", same, worst);
+        lp_adapter_free(b);
+    }
+    /* llama.cpp reads no integer LoRA */
+    CHECK(lp_adapter_write_gguf(a, gg, LP_W8, &err) == -1 && contains(&err, "f32 or f16"));
     /* --scale and dtype conversion */
     CHECK(lp_adapter_write_lpa(a, lpa, LP_F32, &err) == 0);
     b = lp_adapter_load(base, lpa, 2.0f, &err);

@@ -14,14 +14,16 @@ int cli_adapter(int argc, char **argv);
 static void adapter_usage(FILE *out) {
     fprintf(out,
             "usage: loraplex adapter info PATH [-m BASE]\n"
-            "       loraplex adapter compile INPUT --base BASE -o OUT.lpa [--dtype f16|f32|i8|i4] [--scale S]\n"
+            "       loraplex adapter compile INPUT --base BASE -o OUT.lpa|OUT.gguf [--dtype f16|f32|i8|i4]\n"
+            "                                [--scale S]\n"
             "       loraplex adapter merge --base BASE.gguf --adapter PATH[:SCALE] [--adapter ...]\n"
             "                              -o MERGED.gguf\n"
             "PATH / INPUT: an .lpa file, a llama.cpp GGUF LoRA, or a PEFT directory\n"
             "(adapter_config.json + adapter_model.safetensors).\n"
             "  info     ranks and scales per projection, targets, size, base name\n"
             "           (-m BASE: validate against a base and show its conventions applied)\n"
-            "  compile  validate against BASE and write the native .lpa (memory-mappable)\n"
+            "  compile  validate against BASE and write the native .lpa (memory-mappable), or\n"
+            "           with OUT.gguf a llama.cpp GGUF LoRA (f32 or f16) for the same base\n"
             "  merge    write BASE with W' = W + scale * B A of every adapter folded in (F32)\n");
 }
 
@@ -104,6 +106,11 @@ static int do_info(int argc, char **argv) {
     return rc;
 }
 
+static bool ends_with(const char *s, const char *suffix) {
+    size_t n = strlen(s), k = strlen(suffix);
+    return n >= k && !strcmp(s + n - k, suffix);
+}
+
 static int do_compile(int argc, char **argv) {
     const char *in = NULL, *base_path = NULL, *out = NULL;
     int dtype = -1;
@@ -144,7 +151,9 @@ static int do_compile(int argc, char **argv) {
     lp_adapter *a = lp_adapter_load(base, in, (float)scale, &err);
     int rc = 0;
     if (!a) rc = cli_fail("adapter", &err);
-    else if (lp_adapter_write_lpa(a, out, dtype, &err)) rc = cli_fail("compile", &err);
+    else if ((ends_with(out, ".gguf") ? lp_adapter_write_gguf(a, out, dtype, &err)
+                                           : lp_adapter_write_lpa(a, out, dtype, &err)))
+        rc = cli_fail("compile", &err);
     else
         fprintf(stderr, "loraplex: wrote %s (%d weights, max rank %d, %llu bytes of A/B)\n", out,
                 a->n_pairs, a->max_rank, (unsigned long long)a->bytes);

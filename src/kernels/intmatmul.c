@@ -382,7 +382,7 @@ static void gemm_worker(void *ctx, int ti, int nt) {
             if (lo >= hi) continue;
             int64_t pf = own_end - base < job->geom[i].panels ? own_end - base : job->geom[i].panels;
             lp_igemm g = {job->W[i]->data, job->geom[i], job->W[i]->rows, lo, hi, pf, &job->a, job->nb, job->Y[i],
-                          job->y_stride[i]};
+                          job->y_stride[i], 0};
             kernel(&g);
         }
     }
@@ -580,6 +580,11 @@ static void prefetch_task_start(const tasks_job *job, int i, int ti, int nt) {
     for (size_t o = 0; o < ahead && scales + o < ge->panel_bytes; o += 64) __builtin_prefetch(panel + scales + o, 0, 3);
 }
 
+/* A task's share is often one panel (a rank-32 A matrix is two, one per
+ * thread): fetched this far ahead it streams nearer the read bandwidth
+ * than at the base's distance (docs/benchmarks.md §9). */
+#define TASK_PREFETCH_BYTES 8192
+
 /* Every thread takes its share of every task's panels: tasks differ in
  * rows and batch, so splitting each one keeps the threads even. */
 static void tasks_gemm_worker(void *ctx, int ti, int nt) {
@@ -592,7 +597,7 @@ static void tasks_gemm_worker(void *ctx, int ti, int nt) {
         lp_split_range(job->geom[i].panels, ti, nt, 1, &p0, &p1);
         if (p0 >= p1) continue;
         lp_igemm g = {t->W->data, job->geom[i], t->W->rows, p0, p1, p1, &job->a[job->quantized_by[i]], t->n_batch, t->Y,
-                      t->y_stride};
+                      t->y_stride, TASK_PREFETCH_BYTES};
         pick_kernel(job->k, t->W->type, job->geom[i].group, t->n_batch)(&g);
     }
 }

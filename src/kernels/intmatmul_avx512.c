@@ -119,9 +119,11 @@ VNNI INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, int64
              * prefetchers alone. That includes single panels, e.g. a
              * LoRA's A matrix (rank 32 = 2 panels, one per thread), short
              * streams the hardware barely ramps up on: 8 one-row adapters'
-             * shrinks took 6.1 -> 5.5 ms per step. Prefill tiles (8 rows)
+             * shrinks took 6.1 -> 5.5 ms per step; a farther distance for
+             * those (g->stream_prefetch) more. Prefill tiles (8 rows)
              * reuse a panel in cache and do not prefetch. */
-            for (int i = 0; i < NP; i++) prefetch_ahead(g, panel[i], p + i, NP, gi);
+            size_t pf = NP == 1 && g->stream_prefetch ? g->stream_prefetch : PREFETCH_BYTES;
+            for (int i = 0; i < NP; i++) prefetch_ahead_by(g, panel[i], p + i, NP, gi, pf);
         }
         __m512i acc[4][MAX_B];
         for (int b = 0; b < B; b++) {

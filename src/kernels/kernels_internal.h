@@ -133,6 +133,10 @@ typedef struct lp_igemm {
     int64_t nb;
     float *y;
     int64_t y_stride;
+    /* 0, or how far ahead (bytes) a single-panel decode tile prefetches its
+     * stream: a LoRA task's share is one short panel, where the base's
+     * matrices are long runs of panels */
+    size_t stream_prefetch;
 } lp_igemm;
 
 /* Every kernel computes, per output (row r, batch b), exactly

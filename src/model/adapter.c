@@ -249,7 +249,7 @@ static float read_elem(uint32_t dtype, const uint8_t *p, size_t i) {
 /* Row `dst` of q/k output rows comes from which source row. Interleaved
  * order pairs rows (2i, 2i+1) of a head for rotary; Hugging Face order pairs
  * (i, i + d/2). HF row s*d/2+i is interleaved row 2i+s. */
-static uint64_t source_row(uint64_t dst, int head_dim, int direction) {
+uint64_t lp_rope_source_row(uint64_t dst, int head_dim, int direction) {
     uint64_t d = (uint64_t)head_dim, half = d / 2, head = dst / d, j = dst % d;
     if (direction > 0) /* HF source, interleaved destination */
         return head * d + (j % 2) * half + j / 2;
@@ -270,7 +270,7 @@ static int convert(lp_adapter *a, const src_tensor *t, int permute_dir, int head
     if (!dst) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for tensor '%s'", what, t->name);
     const uint8_t *src = t->data;
     for (uint64_t r = 0; r < t->rows; r++) {
-        uint64_t sr = permute_dir ? source_row(r, head_dim, permute_dir) : r;
+        uint64_t sr = permute_dir ? lp_rope_source_row(r, head_dim, permute_dir) : r;
         const uint8_t *srow = src + sr * t->cols * src_esz;
         uint8_t *drow = dst + r * row_bytes;
         for (uint64_t c = 0; c < t->cols; c++) {

@@ -81,6 +81,10 @@ lp_adapter *lp_adapter_load_lpa_memory(const lp_model *model, const void *data,
  * UTF-8 characters. */
 lp_lpa_base lp_adapter_lpa_base(const lp_model *m);
 void lp_adapter_copy_name(char *dst, size_t cap, const char *src, size_t len);
+/* The source row of q/k output row `dst` when rotary rows are reordered:
+ * direction +1 from Hugging Face order into interleaved (GGUF llama) order,
+ * -1 back. */
+uint64_t lp_rope_source_row(uint64_t dst, int head_dim, int direction);
 
 /* ---- PEFT adapter_config.json (exposed for the fuzzer) ---- */
 struct cJSON;

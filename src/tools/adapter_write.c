@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../arch/arch.h"
 #include "../base/dtype.h"
 #include "../formats/gguf.h"
 #include "../formats/lpa.h"
@@ -117,6 +118,114 @@ int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_er
     for (size_t i = 0; tmps && i < n_pairs * 2; i++) lp_free(tmps[i]);
     free(tmps);
     free(es);
+    return rc;
+}
+
+/* ---- writing a llama.cpp GGUF LoRA ------------------------------------------------------ */
+
+/* The alpha that gives every pair its scale through llama.cpp's (and our
+ * GGUF loader's) alpha / rank, bit for bit; 0 when there is none. */
+static float common_alpha(const lp_adapter *a) {
+    if (a->n_pairs == 0) return 0.0f;
+    float alpha = a->pairs[0].scale * (float)a->pairs[0].rank;
+    if (!(alpha != 0.0f) || !isfinite(alpha)) return 0.0f;
+    for (int i = 0; i < a->n_pairs; i++)
+        if (alpha / (float)a->pairs[i].rank != a->pairs[i].scale) return 0.0f;
+    return alpha;
+}
+
+/* One half as GGUF tensor data: rows x cols floats (F32 or F16) in *out. */
+static int gguf_half(float *f, int64_t rows, int64_t cols, uint32_t type, void **out, size_t *bytes,
+                     const char *what, const char *name, lp_error *err) {
+    size_t n = (size_t)rows * (size_t)cols;
+    *bytes = n * (type == LP_F16 ? 2 : 4);
+    *out = lp_alloc(*bytes ? *bytes : 1);
+    if (!*out) return lp_fail(err, "out of memory");
+    if (type == LP_F32) {
+        memcpy(*out, f, *bytes);
+        return 0;
+    }
+    uint16_t *h = *out;
+    for (size_t i = 0; i < n; i++) {
+        h[i] = lp_f32_to_f16(f[i]);
+        if (!isfinite(lp_f16_to_f32(h[i])))
+            return lp_fail(err, "%s: %s: value %g does not fit in F16", what, name, (double)f[i]);
+    }
+    return 0;
+}
+
+/* Pair p's A (rank x in) and B (out x rank) as floats in GGUF's
+ * conventions: folded norm gains divided out of A's columns (a zero gain's
+ * column is zero in the folded A and stays zero), B's rotary rows in the
+ * order the GGUF architecture stores, B x scale when alpha is 0. */
+static void gguf_pair_floats(const lp_adapter *a, const lp_lora_pair *p, float alpha, float *A, float *B,
+                             float *row) {
+    const lp_model *m = a->base;
+    const lp_model_weight *mw = &m->weights[p->weight];
+    int64_t in = p->A.cols, out = p->B.rows, rank = p->rank;
+    for (int64_t r = 0; r < rank; r++) {
+        half_row(&p->A, r, row, A + r * in, in);
+        for (int64_t c = 0; mw->in_gain && c < in; c++)
+            A[r * in + c] = mw->in_gain[c] != 0.0f ? A[r * in + c] / mw->in_gain[c] : 0.0f;
+    }
+    /* llama.cpp's converter stores llama q/k rows interleaved, others in HF order */
+    bool want_interleaved = m->hp.arch == LP_ARCH_LLAMA, have_interleaved = !m->hp.rope_neox;
+    int dir = mw->rope_rows && want_interleaved != have_interleaved ? (want_interleaved ? 1 : -1) : 0;
+    for (int64_t r = 0; r < out; r++) {
+        int64_t src = dir ? (int64_t)lp_rope_source_row((uint64_t)r, m->hp.head_dim, dir) : r;
+        half_row(&p->B, src, row, B + r * rank, rank);
+        for (int64_t c = 0; alpha == 0.0f && c < rank; c++) B[r * rank + c] *= p->scale;
+    }
+}
+
+int lp_adapter_write_gguf(const lp_adapter *a, const char *path, int dtype, lp_error *err) {
+    if (!a->base) return lp_fail(err, "%s: the adapter must be loaded for a base", path);
+    if (refuse_profiled(a, path, err)) return -1;
+    uint32_t type = dtype == -1 ? LP_F32 : (uint32_t)dtype;
+    if (type != LP_F32 && type != LP_F16)
+        return lp_fail(err, "%s: a GGUF LoRA is written as f32 or f16 (llama.cpp reads no int8/int4 LoRA)",
+                       path);
+    const lp_model *m = a->base;
+    float alpha = common_alpha(a);
+    lp_gguf_writer *w = lp_gguf_writer_create();
+    void **data = calloc((size_t)a->n_pairs * 2 + 1, sizeof *data);
+    int rc = w && data ? 0 : lp_fail(err, "out of memory");
+    if (rc == 0) {
+        lp_gguf_writer_set_str(w, "general.architecture", lp_arch_name(m->hp.arch));
+        lp_gguf_writer_set_str(w, "general.type", "adapter");
+        lp_gguf_writer_set_str(w, "general.name", a->name);
+        lp_gguf_writer_set_str(w, "adapter.type", "lora");
+        lp_gguf_writer_set_f32(w, "adapter.lora.alpha", alpha);
+    }
+    for (int i = 0; i < a->n_pairs && rc == 0; i++) {
+        const lp_lora_pair *p = &a->pairs[i];
+        int64_t in = p->A.cols, out = p->B.rows, rank = p->rank;
+        int64_t widest = in > p->B.cols ? in : p->B.cols;
+        float *A = lp_alloc((size_t)rank * (size_t)in * sizeof(float));
+        float *B = lp_alloc((size_t)out * (size_t)rank * sizeof(float));
+        float *row = lp_alloc((size_t)widest * sizeof(float));
+        size_t bytes_a = 0, bytes_b = 0;
+        char an[128], bn[128];
+        snprintf(an, sizeof an, "%s.lora_a", p->name);
+        snprintf(bn, sizeof bn, "%s.lora_b", p->name);
+        if (!A || !B || !row) rc = lp_fail(err, "out of memory");
+        if (rc == 0) gguf_pair_floats(a, p, alpha, A, B, row);
+        if (rc == 0) rc = gguf_half(A, rank, in, type, &data[2 * i], &bytes_a, path, an, err);
+        if (rc == 0) rc = gguf_half(B, out, rank, type, &data[2 * i + 1], &bytes_b, path, bn, err);
+        if (rc == 0) {
+            /* GGUF dims run fastest first: A is [in, rank], B [rank, out] */
+            const uint64_t dims_a[2] = {(uint64_t)in, (uint64_t)rank}, dims_b[2] = {(uint64_t)rank, (uint64_t)out};
+            lp_gguf_writer_add_tensor(w, an, type, 2, dims_a, data[2 * i], bytes_a);
+            lp_gguf_writer_add_tensor(w, bn, type, 2, dims_b, data[2 * i + 1], bytes_b);
+        }
+        lp_free(A);
+        lp_free(B);
+        lp_free(row);
+    }
+    if (rc == 0) rc = lp_gguf_writer_write(w, path, err);
+    for (int i = 0; data && i < a->n_pairs * 2; i++) lp_free(data[i]);
+    free(data);
+    lp_gguf_writer_free(w);
     return rc;
 }
 

@@ -10,6 +10,13 @@
  * projection whose input width is not a multiple of 32 is written as F16),
  * or -1 to keep each pair's type. */
 int lp_adapter_write_lpa(const lp_adapter *a, const char *path, int dtype, lp_error *err);
+/* Writes the adapter (loaded for a base) as a llama.cpp GGUF LoRA, so
+ * llama.cpp's tools run the very adapter loraplex runs: the base's
+ * conventions undone (folded norm gains divided back out of A, rotary rows
+ * in GGUF order), halves as dtype LP_F32 or LP_F16, adapter.lora.alpha =
+ * scale x rank when that holds for every pair, else 0 (llama.cpp's "no
+ * alpha/r") with each scale folded into its B. */
+int lp_adapter_write_gguf(const lp_adapter *a, const char *path, int dtype, lp_error *err);
 /* Writes one .lpa whose pair for each weight is every adapter's pair
  * stacked (summed rank, each scale folded into its B columns, the first
  * adapter's dtype): running it on a row costs what running all n on that
