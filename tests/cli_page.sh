@@ -7,6 +7,7 @@
 set -u
 bin="$1"; work="$3/cli_page_tmp"
 src="$(cd "$(dirname "$0")/.." && pwd)"
+. "$src/tests/serve_wait.sh"
 demo="$src/models/demo"
 chromium="${LORAPLEX_CHROMIUM:-/usr/bin/chromium}"
 mkdir -p "$work"
@@ -23,12 +24,7 @@ if "$bin" serve --help 2>&1 | grep -q "no server"; then
 fi
 "$bin" serve -m "$demo/base.gguf" --adapter-dir "$demo/adapters" --port 0 -t 2 >"$work/out" 2>"$work/log" &
 pid=$!
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
+port=$(wait_port "$work/log" $pid)
 if [ -z "$port" ]; then echo "FAIL: the server did not start:"; cat "$work/log"; kill $pid; exit 1; fi
 node "$src/tests/server/page.mjs" "$port" "$bin" "$demo" "$chromium"
 rc=$?

@@ -10,6 +10,7 @@
 set -u
 bin="$1"; models="$2"; work="$3/cli_serve_tmp"
 src="$(cd "$(dirname "$0")/.." && pwd)"
+. "$src/tests/serve_wait.sh"
 demo="$src/models/demo"
 mkdir -p "$work"
 fail=0; pass=0
@@ -23,12 +24,7 @@ key=test-key-123
 "$bin" serve -m "$demo/base.gguf" --adapter-dir "$demo/adapters" --port 0 -t 2 --api-key "$key" \
   >"$work/out" 2>"$work/log" &
 pid=$!
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
+port=$(wait_port "$work/log" $pid)
 if [ -z "$port" ]; then echo "FAIL: the server did not start:"; cat "$work/log"; kill $pid; exit 1; fi
 url="http://127.0.0.1:$port"
 auth=(-H "Authorization: Bearer $key")
@@ -178,12 +174,7 @@ cp "$demo/adapters/style-terse.lpa" "$adir/sub/terse.lpa"
 ln -sf "$demo/adapters/reply.lpa" "$adir/outside.bin"
 "$bin" serve -m "$demo/base.gguf" --adapter-dir "$adir" --port 0 -t 2 >"$work/out2" 2>"$work/log2" &
 pid=$!
-port=""
-for _ in $(seq 100); do
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log2")
-  [ -n "$port" ] && break
-  sleep 0.1
-done
+port=$(wait_port "$work/log2" $pid)
 if [ -z "$port" ]; then echo "FAIL: the second server did not start:"; cat "$work/log2"; kill $pid; exit 1; fi
 url="http://127.0.0.1:$port"
 models() { curl -s "$url/v1/models" | python3 -c 'import json,sys; print(" ".join(m["id"] for m in json.load(sys.stdin)["data"]))'; }

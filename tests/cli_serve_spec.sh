@@ -15,6 +15,7 @@
 set -u
 bin="$1"; work="$3/cli_serve_spec_tmp"
 src="$(cd "$(dirname "$0")/.." && pwd)"
+. "$src/tests/serve_wait.sh"
 demo="$src/models/demo"
 rm -rf "$work"; mkdir -p "$work"
 fail=0; pass=0
@@ -37,13 +38,7 @@ fi
 "$bin" serve -m "$demo/base.gguf" --adapter-dir "$demo/adapters" --port 0 -t 2 --parallel 8 --max-queue 256 \
   --forecast correct="$work/correct.lpf" --speculate on --lookup 2:6 --tree 3,2 -q >"$work/out" 2>"$work/log" &
 pid=$!
-port=""
-for _ in $(seq 600); do # the cost model is measured first (slow under TSan)
-  port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log")
-  [ -n "$port" ] && break
-  kill -0 $pid 2>/dev/null || break
-  sleep 0.1
-done
+port=$(wait_port "$work/log" $pid)
 if [ -z "$port" ]; then echo "FAIL: the server did not start:"; cat "$work/log"; kill $pid 2>/dev/null; exit 1; fi
 url="http://127.0.0.1:$port"
 
@@ -161,13 +156,7 @@ if [ -d "$src/tests/server/node_modules/openai" ] && command -v node >/dev/null;
   "$bin" serve -m "$demo/base.gguf" --adapter-dir "$demo/adapters" --port 0 -t 2 --parallel 8 \
     --forecast correct="$work/correct.lpf" --speculate auto -q >"$work/out2" 2>"$work/log2" &
   pid=$!
-  port=""
-  for _ in $(seq 600); do
-    port=$(sed -n 's|.*listening on http://127.0.0.1:\([0-9]*\)/.*|\1|p' "$work/log2")
-    [ -n "$port" ] && break
-    kill -0 $pid 2>/dev/null || break
-    sleep 0.1
-  done
+    port=$(wait_port "$work/log2" $pid)
   if [ -z "$port" ]; then bad "the auto server did not start: $(cat "$work/log2")"; kill $pid 2>/dev/null
   else
     node "$src/tests/server/speculate.mjs" "$port" && ok || bad "openai client: speculative != plain"
