@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "../kernels/image_ops.h"
+#include "sd_lora.h"
 
 #define GN_EPS_UNET 1e-5f /* ldm's GroupNorm32 */
 #define GN_EPS_XF 1e-6f   /* SpatialTransformer's norm, and the VAE's */
@@ -19,8 +20,9 @@
 
 /* ---- weights ----------------------------------------------------------------------------------- */
 
-typedef struct lin { lp_weight w; const float *b; } lin;                        /* [out][in], bias [out] or NULL */
-typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride; } cnv; /* [out][k][k][in] */
+/* id: the module's index among the adapter targets (sd_lora.h), or -1 */
+typedef struct lin { lp_weight w; const float *b; int32_t id; } lin;                        /* [out][in], bias [out] or NULL */
+typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride, id; } cnv; /* [out][k][k][in] */
 typedef struct nrm { const float *g, *b; } nrm;
 typedef struct res { nrm n1, n2; cnv c1, c2, skip; lin emb; bool has_skip; } res;
 typedef struct xf { nrm gn, ln1, ln2, ln3; cnv pin, pout; lin q1, k1, v1, o1, q2, k2, v2, o2, ff1, ff2; int32_t c; } xf;
@@ -40,6 +42,7 @@ typedef struct vop { vop_kind kind; int32_t lvl, i; } vop; /* lvl: 0 = latent si
 
 struct lp_sd_weights {
     lp_sd_config cfg;
+    lp_sd_targets targets;
     float *arena;
     int64_t n_tensors;
     lp_sd_tensor_desc *desc;
@@ -117,14 +120,15 @@ __attribute__((format(printf, 2, 3))) static const float *W(const lp_sd_weights 
 static lin mk_lin(const lp_sd_weights *w, const char *p, int64_t out, int64_t in, bool bias) {
     const float *d = W(w, "%s.weight", p);
     return (lin){.w = {.type = LP_F32, .rows = out, .cols = in, .row_bytes = (size_t)in * 4, .data = d},
-                 .b = bias ? W(w, "%s.bias", p) : NULL};
+                 .b = bias ? W(w, "%s.bias", p) : NULL, .id = lp_sd_target_find(&w->targets, p)};
 }
 
 static cnv mk_conv(const lp_sd_weights *w, const char *p, int32_t cout, int32_t cin, int32_t k, int32_t stride) {
     int64_t cols = (int64_t)k * k * cin;
     return (cnv){.w = {.type = LP_F32, .rows = cout, .cols = cols, .row_bytes = (size_t)cols * 4,
                        .data = W(w, "%s.weight", p)},
-                 .b = W(w, "%s.bias", p), .cin = cin, .cout = cout, .k = k, .stride = stride};
+                 .b = W(w, "%s.bias", p), .cin = cin, .cout = cout, .k = k, .stride = stride,
+                 .id = lp_sd_target_find(&w->targets, p)};
 }
 
 static nrm mk_norm(const lp_sd_weights *w, const char *p) {
@@ -337,6 +341,10 @@ lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err) {
         lp_sd_weights_free(w);
         return lp_error_set(err, LP_ERR_NOMEM, "out of memory for %lld weights", (long long)k.floats), NULL;
     }
+    if (lp_sd_targets_build(c, &w->targets, err)) {
+        lp_sd_weights_free(w);
+        return NULL;
+    }
     k.at = 0;
     k.floats = 0;
     if (lp_sd_layout(c, convert_one, &k)) {
@@ -353,6 +361,7 @@ void lp_sd_weights_free(lp_sd_weights *w) {
     if (!w) return;
     lp_free(w->arena);
     free(w->desc), free(w->data), free(w->te);
+    lp_sd_targets_free(&w->targets);
     free(w);
 }
 
@@ -371,6 +380,12 @@ struct lp_sd_graph {
     float *a, *b, *c, *d, *e, *skips, *temb, *temb_s, *embo, *ctx_kv, *conv_scratch, *attn_scratch;
     /* text encoder */
     float *tx, *th, *tqkv, *tff;
+    /* adapters: each batch row's (lp_sd_graph_set_loras), and their
+     * scratch: the down projection [rows][rank], up in chunks [rows][out] */
+    lp_sd_row_loras rows[64];
+    int n_lora_rows;
+    float *lora_t, *lora_u;
+    int64_t lora_t_cap, lora_u_cap;
 };
 
 static int64_t lvl_pixels(const lp_sd_graph *g, int lvl) { return (int64_t)(g->lat_h >> lvl) * (g->lat_w >> lvl); }
@@ -477,6 +492,7 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
 void lp_sd_graph_free(lp_sd_graph *g) {
     if (!g) return;
     lp_free(g->arena);
+    lp_free(g->lora_t), lp_free(g->lora_u);
     lp_threadpool_destroy(g->pool);
     lp_kernels_free(&g->k);
     free(g);
@@ -484,17 +500,135 @@ void lp_sd_graph_free(lp_sd_graph *g) {
 
 /* ---- op helpers ------------------------------------------------------------------------------------ */
 
-static void run_lin(lp_sd_graph *g, const lin *l, const float *x, int64_t rows, float *y) {
+int lp_sd_graph_set_loras(lp_sd_graph *g, const lp_sd_row_loras *rows, int n, lp_error *err) {
+    const lp_sd_config *c = &g->w->cfg;
+    if (n < 0 || n > g->max_batch) return lp_fail(err, "SD adapters for %d rows (0..%d)", n, g->max_batch);
+    int32_t rank = 0;
+    for (int i = 0; i < n; i++) {
+        if (rows[i].n < 0 || rows[i].n > LP_SD_MAX_ROW_LORAS)
+            return lp_fail(err, "SD adapters: row %d has %d (0..%d)", i, rows[i].n, LP_SD_MAX_ROW_LORAS);
+        for (int j = 0; j < rows[i].n; j++) {
+            const lp_sd_lora_use *u = &rows[i].use[j];
+            if (!u->lora || !isfinite(u->scale))
+                return lp_fail(err, "SD adapters: row %d, adapter %d: none, or its scale is not a number", i, j);
+            /* lp_sd_config has no padding: int32 fields and 4 bools */
+            if (memcmp(lp_sd_lora_config(u->lora), c, sizeof *c))
+                return lp_fail(err, "SD adapters: row %d, adapter %d was loaded for another model", i, j);
+            if (lp_sd_lora_max_rank(u->lora) > rank) rank = lp_sd_lora_max_rank(u->lora);
+        }
+    }
+    int64_t rows_max = (int64_t)g->max_batch * imax((int64_t)g->lat_h * g->lat_w, c->te_ctx), out_max = 1;
+    for (int32_t i = 0; i < g->w->targets.n; i++) out_max = imax(out_max, g->w->targets.t[i].out);
+    int64_t need_t = rows_max * rank, need_u = imax(out_max, rows_max * out_max < ((int64_t)1 << 22) ? rows_max * out_max : (int64_t)1 << 22);
+    if (rank && need_t > g->lora_t_cap) {
+        lp_free(g->lora_t);
+        if (!(g->lora_t = lp_alloc_uninit((size_t)need_t * sizeof(float)))) {
+            g->lora_t_cap = 0, g->n_lora_rows = 0;
+            return lp_error_set(err, LP_ERR_NOMEM, "SD adapters: out of memory");
+        }
+        g->lora_t_cap = need_t;
+    }
+    if (rank && need_u > g->lora_u_cap) {
+        lp_free(g->lora_u);
+        if (!(g->lora_u = lp_alloc_uninit((size_t)need_u * sizeof(float)))) {
+            g->lora_u_cap = 0, g->n_lora_rows = 0;
+            return lp_error_set(err, LP_ERR_NOMEM, "SD adapters: out of memory");
+        }
+        g->lora_u_cap = need_u;
+    }
+    if (n) memcpy(g->rows, rows, sizeof *rows * (size_t)n);
+    g->n_lora_rows = n;
+    return 0;
+}
+
+int lp_sd_graph_added_tokens(const lp_sd_graph *g, int row) {
+    int n = 0;
+    for (int p = 0; row >= 0 && row < g->n_lora_rows && p < g->rows[row].n; p++) n += lp_sd_lora_n_tokens(g->rows[row].use[p].lora);
+    return n;
+}
+
+const float *lp_sd_graph_added_token(const lp_sd_graph *g, int row, int32_t j) {
+    for (int p = 0; row >= 0 && row < g->n_lora_rows && p < g->rows[row].n && j >= 0; p++) {
+        const lp_sd_lora *l = g->rows[row].use[p].lora;
+        if (j < lp_sd_lora_n_tokens(l)) return lp_sd_lora_token_embedding(l, j);
+        j -= lp_sd_lora_n_tokens(l);
+    }
+    return NULL;
+}
+
+/* y[rows][out] += s * up (down x) for rows of n_img images; conv: the
+ * module's shape when it is a conv (the down projection is a conv of the
+ * same kernel and stride, up a 1x1) */
+static void delta_run(lp_sd_graph *g, const lp_sd_delta *d, float s, int n_img, int64_t rows, const float *x,
+                      int64_t x_cols, const lp_conv2d_shape *conv, float *y, int64_t out) {
+    const lp_sd_target *t = &g->w->targets.t[d->target];
+    int64_t cols = t->k ? (int64_t)t->k * t->k * t->in : t->in, r = d->rank;
+    lp_weight down = {.type = LP_F32, .rows = r, .cols = cols, .row_bytes = (size_t)cols * 4, .data = d->down};
+    lp_weight up = {.type = LP_F32, .rows = out, .cols = r, .row_bytes = (size_t)r * 4, .data = d->up};
+    if (conv) {
+        lp_conv2d_shape cs = *conv;
+        cs.n = n_img, cs.cout = (int32_t)r;
+        lp_conv2d(&g->k, g->pool, &cs, &down, NULL, x, g->lora_t, g->conv_scratch);
+    } else {
+        lp_matmul(&g->k, g->pool, &down, x, x_cols, rows, g->lora_t, r);
+    }
+    int64_t chunk = g->lora_u_cap / out;
+    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
+        int64_t m = rows - r0 < chunk ? rows - r0 : chunk;
+        lp_matmul(&g->k, g->pool, &up, g->lora_t + r0 * r, r, m, g->lora_u, out);
+        float *yy = y + r0 * out;
+        for (int64_t i = 0; i < m * out; i++) yy[i] += s * g->lora_u[i];
+    }
+}
+
+static bool same_use(const lp_sd_graph *g, int i, int j, int p) {
+    const lp_sd_row_loras *a = &g->rows[i], *b = &g->rows[j];
+    return j < g->n_lora_rows && p < b->n && a->use[p].lora == b->use[p].lora && a->use[p].scale == b->use[p].scale;
+}
+
+/* Module id's adapter deltas for every image of the batch (x_img, y_img:
+ * floats of one image's input and output). Each image adds its adapters in
+ * its list's order; consecutive images with the same adapter at the same
+ * place share one pass, which gives each the bits it gets alone (the
+ * kernels are batch invariant). */
+static void lora_apply(lp_sd_graph *g, int32_t id, int n, int64_t rows, const float *x, int64_t x_cols,
+                       int64_t x_img, const lp_conv2d_shape *conv, float *y, int64_t out) {
+    if (id < 0 || !g->n_lora_rows) return;
+    int64_t per = rows / n;
+    for (int p = 0; p < LP_SD_MAX_ROW_LORAS; p++)
+        for (int i = 0; i < n && i < g->n_lora_rows;) {
+            if (p >= g->rows[i].n) {
+                i++;
+                continue;
+            }
+            int j = i + 1;
+            while (j < n && same_use(g, i, j, p)) j++;
+            const lp_sd_lora_use *u = &g->rows[i].use[p];
+            const lp_sd_delta *d = lp_sd_lora_delta(u->lora, id);
+            if (d && u->scale != 0)
+                delta_run(g, d, d->scale * u->scale, j - i, (j - i) * per, x + i * x_img, x_cols, conv,
+                          y + i * per * out, out);
+            i = j;
+        }
+}
+
+/* rows = n images x rows per image */
+static void run_lin(lp_sd_graph *g, const lin *l, const float *x, int64_t rows, int n, float *y) {
     lp_matmul(&g->k, g->pool, &l->w, x, l->w.cols, rows, y, l->w.rows);
     if (l->b)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < l->w.rows; i++) y[r * l->w.rows + i] += l->b[i];
+    lora_apply(g, l->id, n, rows, x, l->w.cols, rows / n * l->w.cols, NULL, y, l->w.rows);
 }
 
 static void run_conv(lp_sd_graph *g, const cnv *c, const float *x, int n, int h, int w, float *y) {
     lp_conv2d_shape s = {.n = n, .h = h, .w = w, .cin = c->cin, .cout = c->cout, .kh = c->k, .kw = c->k,
                          .stride = c->stride, .pad = c->k / 2};
     lp_conv2d(&g->k, g->pool, &s, &c->w, c->b, x, y, g->conv_scratch);
+    if (c->id >= 0 && g->n_lora_rows) {
+        int64_t opx = (int64_t)lp_conv2d_out_h(&s) * lp_conv2d_out_w(&s);
+        lora_apply(g, c->id, n, n * opx, x, c->cin, (int64_t)h * w * c->cin, &s, y, c->cout);
+    }
 }
 
 static void run_gn(const lp_sd_graph *g, const nrm *nm, const float *x, float *y, int n, int64_t px, int64_t c,
@@ -529,23 +663,27 @@ int lp_sd_text_encode(lp_sd_graph *g, const int32_t *ids, int batch, int clip_sk
     int64_t T = c->te_ctx, D = c->te_dim, rows = batch * T;
     for (int64_t r = 0; r < rows; r++) {
         int32_t id = ids[r];
-        if (id < 0 || id >= c->te_vocab) return lp_fail(err, "text encoder: token id %d (vocabulary %d)", id, c->te_vocab);
-        for (int64_t i = 0; i < D; i++) g->tx[r * D + i] = w->tok[(int64_t)id * D + i] + w->pos[(r % T) * D + i];
+        const float *e = id >= 0 && id < c->te_vocab ? w->tok + (int64_t)id * D
+                         : id >= c->te_vocab ? lp_sd_graph_added_token(g, (int)(r / T), id - c->te_vocab) : NULL;
+        if (!e)
+            return lp_fail(err, "text encoder: token id %d (vocabulary %d, and %d tokens of the row's adapters)", id,
+                           c->te_vocab, lp_sd_graph_added_tokens(g, (int)(r / T)));
+        for (int64_t i = 0; i < D; i++) g->tx[r * D + i] = e[i] + w->pos[(r % T) * D + i];
     }
     float *q = g->tqkv, *k = q + rows * D, *v = k + rows * D, *o = v + rows * D;
     for (int l = 0; l < c->te_layers - (clip_skip - 1); l++) {
         const te_layer *L = &w->te[l];
         lp_layer_norm(g->th, g->tx, rows, D, L->ln1.g, L->ln1.b, LN_EPS);
-        run_lin(g, &L->q, g->th, rows, q);
-        run_lin(g, &L->k, g->th, rows, k);
-        run_lin(g, &L->v, g->th, rows, v);
+        run_lin(g, &L->q, g->th, rows, batch, q);
+        run_lin(g, &L->k, g->th, rows, batch, k);
+        run_lin(g, &L->v, g->th, rows, batch, v);
         run_attn(g, q, k, v, o, batch, T, T, D, c->te_heads, true);
-        run_lin(g, &L->o, o, rows, g->th);
+        run_lin(g, &L->o, o, rows, batch, g->th);
         add(g->tx, g->th, rows * D);
         lp_layer_norm(g->th, g->tx, rows, D, L->ln2.g, L->ln2.b, LN_EPS);
-        run_lin(g, &L->fc1, g->th, rows, g->tff);
+        run_lin(g, &L->fc1, g->th, rows, batch, g->tff);
         lp_quick_gelu(g->tff, rows * c->te_ffn);
-        run_lin(g, &L->fc2, g->tff, rows, g->th);
+        run_lin(g, &L->fc2, g->tff, rows, batch, g->th);
         add(g->tx, g->th, rows * D);
     }
     lp_layer_norm(out, g->tx, rows, D, w->te_final.g, w->te_final.b, LN_EPS);
@@ -585,26 +723,26 @@ static void run_xf(lp_sd_graph *g, const xf *t, const float *x, float *out, floa
     run_conv(g, &t->pin, sc, n, h, w, sd);
     /* self-attention */
     lp_layer_norm(sc, sd, rows, c, t->ln1.g, t->ln1.b, LN_EPS);
-    run_lin(g, &t->q1, sc, rows, q);
-    run_lin(g, &t->k1, sc, rows, k);
-    run_lin(g, &t->v1, sc, rows, v);
+    run_lin(g, &t->q1, sc, rows, n, q);
+    run_lin(g, &t->k1, sc, rows, n, k);
+    run_lin(g, &t->v1, sc, rows, n, v);
     run_attn(g, q, k, v, o, n, px, px, c, heads, false);
-    run_lin(g, &t->o1, o, rows, sc);
+    run_lin(g, &t->o1, o, rows, n, sc);
     add(sd, sc, rows * c);
     /* cross-attention over the row's text context */
     float *kc = g->ctx_kv, *vc = kc + n * T * c;
     lp_layer_norm(sc, sd, rows, c, t->ln2.g, t->ln2.b, LN_EPS);
-    run_lin(g, &t->q2, sc, rows, q);
-    run_lin(g, &t->k2, ctx, n * T, kc);
-    run_lin(g, &t->v2, ctx, n * T, vc);
+    run_lin(g, &t->q2, sc, rows, n, q);
+    run_lin(g, &t->k2, ctx, n * T, n, kc);
+    run_lin(g, &t->v2, ctx, n * T, n, vc);
     run_attn(g, q, kc, vc, o, n, px, T, c, heads, false);
-    run_lin(g, &t->o2, o, rows, sc);
+    run_lin(g, &t->o2, o, rows, n, sc);
     add(sd, sc, rows * c);
     /* GEGLU feed-forward */
     lp_layer_norm(sc, sd, rows, c, t->ln3.g, t->ln3.b, LN_EPS);
-    run_lin(g, &t->ff1, sc, rows, e);
+    run_lin(g, &t->ff1, sc, rows, n, e);
     lp_geglu(e, 4 * c, e, rows, 4 * c);
-    run_lin(g, &t->ff2, e, rows, sc);
+    run_lin(g, &t->ff2, e, rows, n, sc);
     add(sd, sc, rows * c);
     run_conv(g, &t->pout, sd, n, h, w, out);
     add(out, x, rows * c);
@@ -629,9 +767,9 @@ int lp_sd_unet(lp_sd_graph *g, const float *x, const float *t, const float *ctx,
     int n = batch, ch = c->unet_ch;
     /* time embedding: the sinusoid, linear, SiLU, linear; every ResBlock then takes SiLU of it */
     timestep_embedding(t, n, ch, g->temb_s);
-    run_lin(g, &w->temb0, g->temb_s, n, g->temb);
+    run_lin(g, &w->temb0, g->temb_s, n, n, g->temb);
     lp_silu(g->temb, n * 4 * ch);
-    run_lin(g, &w->temb2, g->temb, n, g->temb_s);
+    run_lin(g, &w->temb2, g->temb, n, n, g->temb_s);
     lp_silu(g->temb_s, n * 4 * ch);
 
     float *cur = g->a, *nxt = g->b;
@@ -667,7 +805,7 @@ int lp_sd_unet(lp_sd_graph *g, const float *x, const float *t, const float *ctx,
         }
         case U_RES: {
             const res *r = &w->ur[o->i];
-            run_lin(g, &r->emb, g->temb_s, n, g->embo);
+            run_lin(g, &r->emb, g->temb_s, n, n, g->embo);
             run_res(g, r, cur, nxt, g->c, g->d, n, h, wd, g->embo, GN_EPS_UNET);
             cc = r->c2.cout;
             float *tmp = cur;

@@ -13,6 +13,7 @@
 
 #include "../base/base.h"
 #include "sd.h"
+#include "sd_lora.h"
 
 typedef struct lp_sd_weights lp_sd_weights;
 lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err);
@@ -25,6 +26,17 @@ typedef struct lp_sd_graph lp_sd_graph;
 lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h, int lat_w, int n_threads,
                                 lp_error *err);
 void lp_sd_graph_free(lp_sd_graph *g);
+
+/* The adapters of batch rows 0..n-1 (row i of every later call: text
+ * encoder, UNet) until the next call; n = 0: none. Adapters are read, not
+ * copied, and must outlive their use; each must have been loaded for this
+ * model's configuration. The only call that may allocate (the adapters'
+ * scratch, when a rank exceeds every earlier one). */
+int lp_sd_graph_set_loras(lp_sd_graph *g, const lp_sd_row_loras *rows, int n, lp_error *err);
+/* Textual-inversion tokens of row's adapters: their count, and the
+ * embedding of the j-th (the text encoder's id te_vocab + j), or NULL. */
+int lp_sd_graph_added_tokens(const lp_sd_graph *g, int row);
+const float *lp_sd_graph_added_token(const lp_sd_graph *g, int row, int32_t j);
 
 /* ids [batch][te_ctx] -> out [batch][te_ctx][te_dim]: the last hidden state
  * after the final layer norm; clip_skip k >= 1 stops k - 1 layers early
