@@ -3,7 +3,8 @@
 # of the asked size (signature and IHDR read back), the same bytes for the
 # same seed, --latents-out of [4][H/8][W/8] float32, --noise read back (the
 # latent written by one run fed as another's noise changes the result), and
-# clear errors for a wrong noise size, a bad sampler and a missing model.
+# clear errors for a wrong noise size, a bad sampler and a missing model;
+# --lora (runtime LoRAs, scales, a textual-inversion token).
 set -u
 bin="$1"; models="$2"; work="$3/cli_image_tmp"
 mkdir -p "$work"
@@ -28,6 +29,25 @@ run --seed 3 -o "$work/b.png" && cmp -s "$work/a.png" "$work/b.png" && ok || bad
 run --seed 4 -o "$work/c.png" && ! cmp -s "$work/a.png" "$work/c.png" && ok || bad "another seed, same bytes"
 run --seed 3 --noise "$work/a.lat" -o "$work/d.png" && ! cmp -s "$work/a.png" "$work/d.png" && ok || bad "--noise ignored"
 run --sampler dpm++2m --scheduler karras --cfg 1 --clip-skip 2 -o "$work/e.png" && ok || bad "dpm++2m: $(cat "$work/err")"
+
+# LoRAs as runtime inputs: a Kohya file (every linear and conv) changes the image, at scale 0 it is the
+# base bit for bit; a cloneofsimo file's token "<s1>" in the prompt changes the text; a file for SD 1.5
+# is refused naming its first key that does not fit
+"$bin" synth --preset sd-tiny-lora --format kohya --rank 4 -o "$work/k.safetensors" 2>"$work/err" && ok || bad "synth lora: $(cat "$work/err")"
+"$bin" synth --preset sd-tiny-lora --format cloneofsimo -o "$work/c.safetensors" 2>"$work/err" && ok || bad "synth lora: $(cat "$work/err")"
+run --seed 3 --lora "$work/k.safetensors" -o "$work/l1.png" --latents-out "$work/l1.lat" && ok || bad "--lora: $(cat "$work/err")"
+grep -q "k.safetensors (kohya: .* at 1" "$work/err" && ok || bad "--lora summary: $(cat "$work/err")"
+! cmp -s "$work/a.lat" "$work/l1.lat" && ok || bad "the LoRA changed nothing"
+run --seed 3 --lora "$work/k.safetensors:0" -o "$work/l0.png" --latents-out "$work/l0.lat" && cmp -s "$work/a.lat" "$work/l0.lat" && ok || bad "--lora X:0 is not the base"
+run --seed 3 --lora "$work/k.safetensors:0.5" -o "$work/lh.png" --latents-out "$work/lh.lat" && ! cmp -s "$work/l1.lat" "$work/lh.lat" && ok || bad "--lora X:0.5 is X:1"
+run --seed 3 --lora "$work/c.safetensors" -o "$work/t0.png" --latents-out "$work/t0.lat" && ok || bad "cloneofsimo: $(cat "$work/err")"
+"$bin" image -m "$m" -p "a photo of <s1>" -W 64 -H 32 --steps 2 -t 1 --seed 3 --lora "$work/c.safetensors" --latents-out "$work/t1.lat" -o "$work/t1.png" 2>"$work/err" && ok || bad "token: $(cat "$work/err")"
+"$bin" image -m "$m" -p "a photo of" -W 64 -H 32 --steps 2 -t 1 --seed 3 --lora "$work/c.safetensors" --latents-out "$work/t2.lat" -o "$work/t2.png" 2>"$work/err" && ok || bad "token: $(cat "$work/err")"
+! cmp -s "$work/t1.lat" "$work/t2.lat" && ok || bad "the token <s1> changed nothing"
+run --lora "$models/sd/sd15-lora-diffusers-r4.safetensors" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "sd15-lora-diffusers-r4.safetensors: key '.*' maps to no" "$work/err" && ok || bad "an SD 1.5 LoRA on sd-tiny: rc=$rc $(cat "$work/err")"
+run --lora "$work/none.safetensors" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "none.safetensors" "$work/err" && ok || bad "missing LoRA: rc=$rc $(cat "$work/err")"
 
 head -c 100 "$work/a.lat" > "$work/short.lat"
 run --noise "$work/short.lat" -o "$work/f.png"; rc=$?

@@ -16,6 +16,7 @@
 #include "image/sd.h"
 #include "image/sd_graph.h"
 #include "image/sd_lora.h"
+#include "image/sd_pipeline.h"
 #include "tools/sd_lora_synth.h"
 #include "tools/sd_synth.h"
 
@@ -477,8 +478,38 @@ done:
     lp_sd_model_free(m);
 }
 
+/* the prompt's "<s1>" becomes the adapter's token id; the text around it is tokenized as alone */
+static void test_prompt_tokens(void) {
+    lp_error err = {0};
+    lp_clip_tokenizer *tok = lp_clip_tokenizer_load(SD_DIR "clip-bpe-merges.txt", &err);
+    lp_sd_config c = lp_sd_config_sd15();
+    lp_sd_lora *l = lp_sd_lora_load(SD_DIR "sd15-lora-cloneofsimo-disney-r1.safetensors", &c, &err);
+    CHECK_MSG(tok && l, "%s", err.message);
+    if (tok && l) {
+        int s1 = !strcmp(lp_sd_lora_token(l, 0), "<s1>") ? 0 : 1;
+        lp_sd_row_loras rl = {.n = 1, .use = {{.lora = l, .scale = 1.0f}}};
+        int32_t ids[77], a[77], b[77];
+        CHECK(lp_sd_encode_prompt(tok, &rl, "a photo of <s1>, Disney style<s2>", ids, 77, &err) == 0);
+        CHECK(lp_clip_encode(tok, "a photo of ", 11, LP_CLIP_EOS, a, 77, NULL, &err) == 0);
+        CHECK(lp_clip_encode(tok, ", Disney style", 14, LP_CLIP_EOS, b, 77, NULL, &err) == 0);
+        /* BOS a photo of | 49408 + s1 | , disney style | 49408 + s2 | EOS, pad */
+        CHECK(ids[0] == LP_CLIP_BOS && ids[1] == a[1] && ids[2] == a[2] && ids[3] == a[3] && a[4] == LP_CLIP_EOS);
+        CHECK(ids[4] == 49408 + s1);
+        CHECK(ids[5] == b[1] && ids[6] == b[2] && ids[7] == b[3] && b[4] == LP_CLIP_EOS);
+        CHECK(ids[8] == 49408 + (1 - s1) && ids[9] == LP_CLIP_EOS && ids[76] == LP_CLIP_EOS);
+        /* without the adapter: plain encoding */
+        lp_sd_row_loras none = {.n = 0};
+        CHECK(lp_sd_encode_prompt(tok, &none, "a photo of <s1>", ids, 77, &err) == 0);
+        CHECK(lp_clip_encode(tok, "a photo of <s1>", 15, LP_CLIP_EOS, a, 77, NULL, &err) == 0);
+        CHECK(!memcmp(ids, a, sizeof ids));
+    }
+    lp_sd_lora_free(l);
+    lp_clip_tokenizer_free(tok);
+}
+
 int main(void) {
     test_targets();
+    test_prompt_tokens();
     test_real_files();
     test_bad_files();
     char path[] = "/tmp/lp_sd_lora_base_XXXXXX";

@@ -1,6 +1,7 @@
 /* The image model's subcommands: `loraplex image` (text to image with an
  * SD 1.x checkpoint, PNG out) and `loraplex synth --preset sd15|sd-tiny`
  * (reached from cli_synth: a random-weight SD 1.x checkpoint). */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,22 +11,30 @@
 #include "image/sd.h"
 #include "image/sd_pipeline.h"
 #include "tools/png.h"
+#include "tools/sd_lora_synth.h"
 #include "tools/sd_synth.h"
 
-bool cli_is_image_preset(const char *name) { return !strcmp(name, "sd15") || !strcmp(name, "sd-tiny"); }
+bool cli_is_image_preset(const char *name) {
+    return !strcmp(name, "sd15") || !strcmp(name, "sd-tiny") || !strcmp(name, "sd15-lora") || !strcmp(name, "sd-tiny-lora");
+}
 
 static void synth_image_usage(FILE *f) {
     fprintf(f, "usage: loraplex synth --preset sd15|sd-tiny [--type f32|f16|bf16] [--seed N] -o OUT.safetensors\n"
+               "       loraplex synth --preset sd15-lora|sd-tiny-lora [--format F] [--rank R] [--seed N] -o OUT.safetensors\n"
                "  sd15     Stable Diffusion 1.5's shapes and tensor names (UNet 860M, text encoder 123M,\n"
                "           VAE 84M parameters), random weights; --type f16 for a 2.1 GB file\n"
                "  sd-tiny  the same structure a few MB large, for tests\n"
-               "  the vocabulary is CLIP's (49408 tokens; the tokenizer reads sd/clip-bpe-merges.txt)\n");
+               "  the vocabulary is CLIP's (49408 tokens; the tokenizer reads sd/clip-bpe-merges.txt)\n"
+               "  *-lora   a random LoRA for that model, F32, rank R (default 4), in format F:\n"
+               "           kohya (default: every linear and conv, 3x3 convs as LoCon, alpha = R/2),\n"
+               "           diffusers (the UNet's attention projections), peft (every linear),\n"
+               "           cloneofsimo (attention and GEGLU linears, the text encoder's attention, a token <s1>)\n");
 }
 
 int cli_synth_image(int argc, char **argv) {
-    const char *preset = NULL, *out = NULL;
+    const char *preset = NULL, *out = NULL, *format = "kohya";
     lp_st_dtype dtype = LP_ST_F32;
-    long seed = 1;
+    long seed = 1, rank = 4;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -36,6 +45,8 @@ int cli_synth_image(int argc, char **argv) {
         if (!strcmp(a, "--preset")) preset = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
+        else if (!strcmp(a, "--rank")) { if (!cli_int(a, v, 1, 4096, &rank)) return 2; }
+        else if (!strcmp(a, "--format")) format = v;
         else if (!strcmp(a, "--type")) {
             if (!strcmp(v, "f32")) dtype = LP_ST_F32;
             else if (!strcmp(v, "f16")) dtype = LP_ST_F16;
@@ -55,6 +66,15 @@ int cli_synth_image(int argc, char **argv) {
     }
     lp_error err = {0};
     lp_sd_config c;
+    size_t pl = strlen(preset);
+    if (pl > 5 && !strcmp(preset + pl - 5, "-lora")) {
+        char base[32];
+        snprintf(base, sizeof base, "%.*s", (int)(pl - 5), preset);
+        if (lp_sd_synth_preset(base, &c, &err) || lp_sd_synth_lora(&c, format, (int)rank, (uint64_t)seed, out, &err))
+            return cli_fail("synth", &err);
+        fprintf(stderr, "loraplex: wrote %s (a random %s LoRA for %s, rank %ld)\n", out, format, base, rank);
+        return 0;
+    }
     if (lp_sd_synth_preset(preset, &c, &err)) return cli_fail("synth", &err);
     if (lp_sd_synth_write(&c, dtype, (uint64_t)seed, preset, out, &err)) return cli_fail("synth", &err);
     lp_sd_counts n = lp_sd_layout_counts(&c);
@@ -80,6 +100,8 @@ static void image_usage(FILE *f) {
             "  --clip-skip N        stop the text encoder N-1 layers early (default 1)\n"
             "  --noise FILE         initial noise, raw little-endian float32 [4][H/8][W/8]\n"
             "  --latents-out FILE   write the final latent the same way\n"
+            "  --lora PATH[:SCALE]  a LoRA as a runtime input (Kohya, diffusers, PEFT or cloneofsimo\n"
+            "                       safetensors), at SCALE (default 1); up to 8, applied in order\n"
             "  --merges FILE        CLIP merge list (default: sd/clip-bpe-merges.txt in shared/models)\n"
             "  -t, --threads N      threads (default: the cores)\n"
             "  -o, --output PATH    the PNG to write\n");
@@ -117,9 +139,34 @@ static int write_raw(const char *path, const float *v, int64_t n) {
     return fclose(f) == 0 && w == (size_t)n ? 0 : -1;
 }
 
+/* --lora PATH[:SCALE]: the scale only when what follows the last ':' is a number */
+static int load_loras(const char *const *args, int n, const lp_sd_config *c, lp_sd_row_loras *out, lp_error *err) {
+    for (int i = 0; i < n; i++) {
+        char path[4096];
+        float scale = 1.0f;
+        snprintf(path, sizeof path, "%s", args[i]);
+        char *colon = strrchr(path, ':'), *end = NULL;
+        if (colon && colon[1]) {
+            double s = strtod(colon + 1, &end);
+            if (end && !*end && isfinite(s) && fabs(s) <= 100) {
+                scale = (float)s;
+                *colon = 0;
+            }
+        }
+        lp_sd_lora *l = lp_sd_lora_load(path, c, err);
+        if (!l) return -1;
+        out->use[out->n++] = (lp_sd_lora_use){.lora = l, .scale = scale};
+        fprintf(stderr, "loraplex image: adapter %s (%s: %d UNet and %d text encoder modules, rank up to %d%s) at %g\n",
+                path, lp_sd_lora_format(l), lp_sd_lora_count(l, LP_SD_PART_UNET), lp_sd_lora_count(l, LP_SD_PART_TE),
+                lp_sd_lora_max_rank(l), lp_sd_lora_n_tokens(l) ? ", with tokens" : "", scale);
+    }
+    return 0;
+}
+
 int cli_image(int argc, char **argv) {
     const char *model = NULL, *prompt = NULL, *negative = "", *out = NULL, *noise_path = NULL, *lat_path = NULL;
-    const char *merges = NULL;
+    const char *merges = NULL, *lora_arg[LP_SD_MAX_ROW_LORAS];
+    int n_lora = 0;
     long width = 512, height = 512, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
     double cfg = 7.5;
     int sampler = LP_SD_SAMPLER_EULER, scheduler = LP_SD_SCHED_DISCRETE;
@@ -137,6 +184,13 @@ int cli_image(int argc, char **argv) {
         else if (!strcmp(a, "--noise")) noise_path = v;
         else if (!strcmp(a, "--latents-out")) lat_path = v;
         else if (!strcmp(a, "--merges")) merges = v;
+        else if (!strcmp(a, "--lora")) {
+            if (n_lora == LP_SD_MAX_ROW_LORAS) {
+                fprintf(stderr, "loraplex image: at most %d --lora\n", LP_SD_MAX_ROW_LORAS);
+                return 2;
+            }
+            lora_arg[n_lora++] = v;
+        }
         else if (!strcmp(a, "-W") || !strcmp(a, "--width")) { if (!cli_int(a, v, 8, 4096, &width)) return 2; }
         else if (!strcmp(a, "-H") || !strcmp(a, "--height")) { if (!cli_int(a, v, 8, 4096, &height)) return 2; }
         else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000, &steps)) return 2; }
@@ -177,6 +231,7 @@ int cli_image(int argc, char **argv) {
     float *noise = NULL, *lat = NULL;
     uint8_t *rgb = NULL;
     lp_sd_weights *w = NULL;
+    lp_sd_row_loras uses = {0};
     lp_clip_tokenizer *tok = lp_clip_tokenizer_load(merges, &err);
     if (!tok) return cli_fail("tokenizer", &err);
     lp_sd_model *m = lp_sd_model_load(model, &err);
@@ -188,6 +243,10 @@ int cli_image(int argc, char **argv) {
     lp_sd_model_free(m); /* the weights are converted copies */
     if (!w) {
         cli_fail("model", &err);
+        goto done;
+    }
+    if (load_loras(lora_arg, n_lora, lp_sd_weights_config(w), &uses, &err)) {
+        cli_fail("lora", &err);
         goto done;
     }
     int64_t nlat = (int64_t)4 * (height / 8) * (width / 8);
@@ -223,7 +282,7 @@ int cli_image(int argc, char **argv) {
     lp_sd_gen_params gp = {.prompt = prompt, .negative = negative, .width = (int)width, .height = (int)height,
                            .steps = (int)steps, .cfg = (float)cfg, .sampler = sampler, .scheduler = scheduler,
                            .seed = (uint64_t)seed, .clip_skip = (int)clip_skip, .n_threads = (int)threads,
-                           .noise = noise, .on_step = on_step, .step_ctx = &pr};
+                           .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr};
     if (lp_sd_generate(w, tok, &gp, lat, rgb, &err)) {
         cli_fail("image", &err);
         goto done;
@@ -241,6 +300,7 @@ int cli_image(int argc, char **argv) {
     rc = 0;
 done:
     free(noise), free(lat), free(rgb);
+    for (int i = 0; i < uses.n; i++) lp_sd_lora_free((lp_sd_lora *)uses.use[i].lora);
     lp_sd_weights_free(w);
     lp_clip_tokenizer_free(tok);
     return rc;

@@ -33,6 +33,47 @@ static int denoise(void *ctx, const float *x, double sigma, float *out, lp_error
     return 0;
 }
 
+/* the adapters' token at text, longest first: its index j, or -1 */
+static int token_at(const lp_sd_row_loras *l, const char *text, size_t left, size_t *len) {
+    int best = -1, j = 0;
+    *len = 0;
+    for (int p = 0; p < l->n; p++)
+        for (int32_t i = 0; i < lp_sd_lora_n_tokens(l->use[p].lora); i++, j++) {
+            const char *s = lp_sd_lora_token(l->use[p].lora, i);
+            size_t n = strlen(s);
+            if (n > *len && n <= left && !memcmp(text, s, n)) best = j, *len = n;
+        }
+    return best;
+}
+
+int lp_sd_encode_prompt(const lp_clip_tokenizer *tok, const lp_sd_row_loras *loras, const char *text, int32_t *ids,
+                        int n_ctx, lp_error *err) {
+    size_t len = strlen(text);
+    if (!loras || !loras->n) return lp_clip_encode(tok, text, len, lp_clip_eos(tok), ids, n_ctx, NULL, err);
+    if (n_ctx < 2 || n_ctx > 4096) return lp_fail(err, "prompt: context %d", n_ctx);
+    int32_t *piece = malloc(sizeof(int32_t) * (size_t)n_ctx);
+    if (!piece) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    int n = 0, max = n_ctx - 2, rc = 0;
+    ids[0] = lp_clip_bos(tok);
+    size_t start = 0;
+    for (size_t at = 0; at <= len && n < max && !rc; at++) {
+        size_t tl = 0;
+        int j = at < len ? token_at(loras, text + at, len - at, &tl) : -1;
+        if (j < 0 && at < len) continue;
+        int got = 0;
+        if (at > start && !(rc = lp_clip_encode(tok, text + start, at - start, lp_clip_eos(tok), piece, n_ctx, &got, err)))
+            for (int i = 0; i < got && i < n_ctx - 2 && n < max; i++) ids[1 + n++] = piece[1 + i];
+        if (j >= 0 && n < max) ids[1 + n++] = lp_clip_vocab_size(tok) + j;
+        start = at + tl;
+        if (tl) at += tl - 1;
+    }
+    free(piece);
+    if (rc) return -1;
+    ids[1 + n] = lp_clip_eos(tok);
+    for (int i = n + 2; i < n_ctx; i++) ids[i] = lp_clip_eos(tok);
+    return 0;
+}
+
 int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const lp_sd_gen_params *p,
                    float *latents_out, uint8_t *rgb, lp_error *err) {
     const lp_sd_config *c = lp_sd_weights_config(w);
@@ -64,8 +105,10 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     const char *texts[2] = {p->negative ? p->negative : "", p->prompt};
     for (int r = 0; r < rows; r++) {
         const char *s = texts[rows == 2 ? r : 1];
-        if (lp_clip_encode(tok, s, strlen(s), lp_clip_eos(tok), ids + r * T, (int)T, NULL, err)) goto done;
+        if (lp_sd_encode_prompt(tok, &p->loras, s, ids + r * T, (int)T, err)) goto done;
     }
+    lp_sd_row_loras rl[2] = {p->loras, p->loras};
+    if (lp_sd_graph_set_loras(g, rl, rows, err)) goto done;
     if (lp_sd_text_encode(g, ids, rows, p->clip_skip, ctx, err)) goto done;
     if (lp_sd_sigmas(sched, p->sampler, p->scheduler, p->steps, sigmas)) {
         lp_fail(err, "no schedule for %d steps", p->steps);

@@ -23,12 +23,20 @@ typedef struct lp_sd_gen_params {
     int clip_skip;                 /* 1: the last layer */
     int n_threads;
     const float *noise;            /* NULL, or the initial noise [4][h/8][w/8] */
+    lp_sd_row_loras loras;         /* adapters of both guidance rows (runtime inputs) */
     lp_sd_step_fn on_step;
     void *step_ctx;
 } lp_sd_gen_params;
 
 /* latents_out (may be NULL): the final latent [4][h/8][w/8] (channels
  * first, as --latents-out writes it); rgb: height x width x 3 bytes. */
+/* Encodes text into ids[0..n_ctx) as lp_clip_encode does, except that the
+ * adapters' textual-inversion tokens ("<s1>") found in the text become
+ * their ids (vocab + j, in the adapters' order); the text between them is
+ * tokenized as usual. */
+int lp_sd_encode_prompt(const lp_clip_tokenizer *tok, const lp_sd_row_loras *loras, const char *text, int32_t *ids,
+                        int n_ctx, lp_error *err);
+
 int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const lp_sd_gen_params *p,
                    float *latents_out, uint8_t *rgb, lp_error *err);
 
