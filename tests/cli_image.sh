@@ -4,7 +4,8 @@
 # same seed, --latents-out of [4][H/8][W/8] float32, --noise read back (the
 # latent written by one run fed as another's noise changes the result), and
 # clear errors for a wrong noise size, a bad sampler and a missing model;
-# --lora (runtime LoRAs, scales, a textual-inversion token).
+# --lora (runtime LoRAs, scales, a textual-inversion token), a batch of two
+# images with different adapters == each alone.
 set -u
 bin="$1"; models="$2"; work="$3/cli_image_tmp"
 mkdir -p "$work"
@@ -44,6 +45,16 @@ run --seed 3 --lora "$work/c.safetensors" -o "$work/t0.png" --latents-out "$work
 "$bin" image -m "$m" -p "a photo of <s1>" -W 64 -H 32 --steps 2 -t 1 --seed 3 --lora "$work/c.safetensors" --latents-out "$work/t1.lat" -o "$work/t1.png" 2>"$work/err" && ok || bad "token: $(cat "$work/err")"
 "$bin" image -m "$m" -p "a photo of" -W 64 -H 32 --steps 2 -t 1 --seed 3 --lora "$work/c.safetensors" --latents-out "$work/t2.lat" -o "$work/t2.png" 2>"$work/err" && ok || bad "token: $(cat "$work/err")"
 ! cmp -s "$work/t1.lat" "$work/t2.lat" && ok || bad "the token <s1> changed nothing"
+# two images in one batch, the second with its own adapter: each equals its run alone (seed + 1 for the second)
+"$bin" image -m "$m" -p "a photo of a cat" -p "a dog" --image-lora 1="$work/k.safetensors" -W 64 -H 32 --steps 2 -t 1 \
+  --seed 3 --latents-out "$work/b2.lat" -o "$work/b2.png" 2>"$work/err" && ok || bad "batch: $(cat "$work/err")"
+[ -s "$work/b2-0.png" ] && [ -s "$work/b2-1.png" ] && [ ! -e "$work/b2.png" ] && ok || bad "batch PNG names: $(ls "$work")"
+"$bin" image -m "$m" -p "a dog" --lora "$work/k.safetensors" -W 64 -H 32 --steps 2 -t 1 --seed 4 \
+  --latents-out "$work/b1.lat" -o "$work/b1.png" 2>"$work/err" && ok || bad "alone: $(cat "$work/err")"
+cat "$work/a.lat" "$work/b1.lat" | cmp -s - "$work/b2.lat" && ok || bad "batch latents != each alone"
+cmp -s "$work/a.png" "$work/b2-0.png" && cmp -s "$work/b1.png" "$work/b2-1.png" && ok || bad "batch PNGs != each alone"
+run --image-lora 2="$work/k.safetensors" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "there are 1 images" "$work/err" && ok || bad "--image-lora past the batch: rc=$rc $(cat "$work/err")"
 run --lora "$models/sd/sd15-lora-diffusers-r4.safetensors" -o "$work/f.png"; rc=$?
 [ $rc -ne 0 ] && grep -q "sd15-lora-diffusers-r4.safetensors: key '.*' maps to no" "$work/err" && ok || bad "an SD 1.5 LoRA on sd-tiny: rc=$rc $(cat "$work/err")"
 run --lora "$work/none.safetensors" -o "$work/f.png"; rc=$?

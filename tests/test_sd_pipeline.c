@@ -4,11 +4,14 @@
  * seed's gives the seed's result; guidance whose negative prompt is the
  * prompt (eps_uncond = eps_cond, so any scale gives eps_cond) matches the
  * unguided one-row run, which checks the cond/uncond rows of the batch;
- * the PNG decodes back to the same pixels; bad sizes are refused. Needs
+ * the PNG decodes back to the same pixels; bad sizes are refused; a batch
+ * of three images with their own prompts, seeds and adapters (euler and
+ * dpm++2m) equals each image generated alone, bit for bit. Needs
  * ../shared/models/sd/clip-bpe-merges.txt (a failure without it). */
 #include "check.h"
 #include "image/sd_pipeline.h"
 #include "tools/png.h"
+#include "tools/sd_lora_synth.h"
 #include "tools/sd_synth.h"
 
 #include <stdlib.h>
@@ -107,6 +110,45 @@ int main(void) {
         CHECK(lp_png_read_memory("\x89PNG\r\n\x1a\nxx", 10, "junk.png", 1 << 20, &back, &bw, &bh, &err) == -1);
         CHECK(strstr(err.message, "junk.png") != NULL);
         unlink(png);
+    }
+
+    /* a batch of three: kohya at 1, none, cloneofsimo at 0.7 (its token in the prompt) */
+    {
+        char lk[] = "/tmp/lp_sd_pipe_lk_XXXXXX", lc[] = "/tmp/lp_sd_pipe_lc_XXXXXX";
+        close(mkstemp(lk));
+        close(mkstemp(lc));
+        CHECK(lp_sd_synth_lora(&tiny, "kohya", 4, 1, lk, &err) == 0);
+        CHECK(lp_sd_synth_lora(&tiny, "cloneofsimo", 2, 2, lc, &err) == 0);
+        lp_sd_lora *a = lp_sd_lora_load(lk, &tiny, &err), *b = lp_sd_lora_load(lc, &tiny, &err);
+        CHECK_MSG(a && b, "%s", err.message);
+        if (a && b) {
+            lp_sd_row_loras sets[3] = {{.n = 1, .use = {{.lora = a, .scale = 1.0f}}},
+                                       {.n = 0},
+                                       {.n = 1, .use = {{.lora = b, .scale = 0.7f}}}};
+            const char *prompts[3] = {"a red cube", "a green cone", "a photo of <s1>"};
+            static float blat[3][NLAT], one[NLAT];
+            static uint8_t brgb[3][W * H * 3], orgb[W * H * 3];
+            for (int s = 0; s < 2; s++) {
+                lp_sd_gen_params q = p;
+                q.sampler = s ? LP_SD_SAMPLER_DPMPP_2M : LP_SD_SAMPLER_EULER;
+                q.seed = 40, q.batch = 3, q.prompts = prompts, q.image_loras = sets;
+                CHECK(gen(w, tok, q, blat[0], brgb[0]) == 0);
+                for (int i = 0; i < 3; i++) {
+                    lp_sd_gen_params o = p;
+                    o.sampler = q.sampler, o.seed = 40 + (uint64_t)i, o.prompt = prompts[i], o.loras = sets[i];
+                    CHECK(gen(w, tok, o, one, orgb) == 0);
+                    CHECK_MSG(!memcmp(one, blat[i], sizeof one) && !memcmp(orgb, brgb[i], sizeof orgb),
+                              "sampler %d: image %d of the batch != alone", s, i);
+                }
+                CHECK(memcmp(blat[0], blat[1], sizeof one) && memcmp(blat[1], blat[2], sizeof one));
+            }
+            lp_sd_gen_params q = p;
+            q.batch = LP_SD_MAX_IMAGES + 1;
+            CHECK(lp_sd_generate(w, tok, &q, NULL, rgb[3], &err) == -1 && strstr(err.message, "batch of 33"));
+        }
+        lp_sd_lora_free(a);
+        lp_sd_lora_free(b);
+        unlink(lk), unlink(lc);
     }
 
     /* sizes the UNet cannot take */

@@ -89,7 +89,8 @@ static void image_usage(FILE *f) {
     fprintf(f,
             "usage: loraplex image -m MODEL.safetensors -p PROMPT [options] -o OUT.png\n"
             "  -m, --model PATH     SD 1.x single-file checkpoint (F32/F16/BF16 safetensors)\n"
-            "  -p, --prompt TEXT    the prompt\n"
+            "  -p, --prompt TEXT    the prompt; several -p: one image each, in one batch\n"
+            "  --batch N            N images in one UNet batch (prompts in turn; image b: seed + b)\n"
             "  -n, --negative TEXT  the negative prompt (default empty)\n"
             "  -W, -H N             image size in pixels (default 512; multiples of 64 for SD 1.5)\n"
             "  --steps N            sampling steps (default 20)\n"
@@ -99,12 +100,13 @@ static void image_usage(FILE *f) {
             "  --seed N             noise seed (default 1)\n"
             "  --clip-skip N        stop the text encoder N-1 layers early (default 1)\n"
             "  --noise FILE         initial noise, raw little-endian float32 [4][H/8][W/8]\n"
-            "  --latents-out FILE   write the final latent the same way\n"
+            "  --latents-out FILE   write the final latents the same way (all images, in order)\n"
             "  --lora PATH[:SCALE]  a LoRA as a runtime input (Kohya, diffusers, PEFT or cloneofsimo\n"
             "                       safetensors), at SCALE (default 1); up to 8, applied in order\n"
+            "  --image-lora B=PATH[:SCALE]  an adapter for image B only (0-based), after the --lora ones\n"
             "  --merges FILE        CLIP merge list (default: sd/clip-bpe-merges.txt in shared/models)\n"
             "  -t, --threads N      threads (default: the cores)\n"
-            "  -o, --output PATH    the PNG to write\n");
+            "  -o, --output PATH    the PNG to write (several images: PATH with -0, -1, ... before .png)\n");
 }
 
 static bool find_merges(char *out, size_t cap) {
@@ -140,33 +142,40 @@ static int write_raw(const char *path, const float *v, int64_t n) {
 }
 
 /* --lora PATH[:SCALE]: the scale only when what follows the last ':' is a number */
-static int load_loras(const char *const *args, int n, const lp_sd_config *c, lp_sd_row_loras *out, lp_error *err) {
-    for (int i = 0; i < n; i++) {
-        char path[4096];
-        float scale = 1.0f;
-        snprintf(path, sizeof path, "%s", args[i]);
-        char *colon = strrchr(path, ':'), *end = NULL;
-        if (colon && colon[1]) {
-            double s = strtod(colon + 1, &end);
-            if (end && !*end && isfinite(s) && fabs(s) <= 100) {
-                scale = (float)s;
-                *colon = 0;
-            }
+static int load_lora(const char *arg, const lp_sd_config *c, lp_sd_lora_use *out, lp_error *err) {
+    char path[4096];
+    float scale = 1.0f;
+    snprintf(path, sizeof path, "%s", arg);
+    char *colon = strrchr(path, ':'), *end = NULL;
+    if (colon && colon[1]) {
+        double s = strtod(colon + 1, &end);
+        if (end && !*end && isfinite(s) && fabs(s) <= 100) {
+            scale = (float)s;
+            *colon = 0;
         }
-        lp_sd_lora *l = lp_sd_lora_load(path, c, err);
-        if (!l) return -1;
-        out->use[out->n++] = (lp_sd_lora_use){.lora = l, .scale = scale};
-        fprintf(stderr, "loraplex image: adapter %s (%s: %d UNet and %d text encoder modules, rank up to %d%s) at %g\n",
-                path, lp_sd_lora_format(l), lp_sd_lora_count(l, LP_SD_PART_UNET), lp_sd_lora_count(l, LP_SD_PART_TE),
-                lp_sd_lora_max_rank(l), lp_sd_lora_n_tokens(l) ? ", with tokens" : "", scale);
     }
+    lp_sd_lora *l = lp_sd_lora_load(path, c, err);
+    if (!l) return -1;
+    *out = (lp_sd_lora_use){.lora = l, .scale = scale};
+    fprintf(stderr, "loraplex image: adapter %s (%s: %d UNet and %d text encoder modules, rank up to %d%s) at %g\n",
+            path, lp_sd_lora_format(l), lp_sd_lora_count(l, LP_SD_PART_UNET), lp_sd_lora_count(l, LP_SD_PART_TE),
+            lp_sd_lora_max_rank(l), lp_sd_lora_n_tokens(l) ? ", with tokens" : "", scale);
     return 0;
 }
 
+/* image b's file: OUT itself for one image, else OUT with -b before its extension */
+static void image_path(const char *out, int b, int n, char *buf, size_t cap) {
+    const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
+    if (n == 1) snprintf(buf, cap, "%s", out);
+    else if (dot && (!slash || dot > slash)) snprintf(buf, cap, "%.*s-%d%s", (int)(dot - out), out, b, dot);
+    else snprintf(buf, cap, "%s-%d", out, b);
+}
+
 int cli_image(int argc, char **argv) {
-    const char *model = NULL, *prompt = NULL, *negative = "", *out = NULL, *noise_path = NULL, *lat_path = NULL;
-    const char *merges = NULL, *lora_arg[LP_SD_MAX_ROW_LORAS];
-    int n_lora = 0;
+    const char *model = NULL, *prompts[LP_SD_MAX_IMAGES], *negative = "", *out = NULL, *noise_path = NULL;
+    const char *lat_path = NULL, *merges = NULL, *lora_arg[LP_SD_MAX_ROW_LORAS], *image_lora[4 * LP_SD_MAX_IMAGES];
+    int n_lora = 0, n_prompts = 0, n_image_lora = 0;
+    long batch = 0;
     long width = 512, height = 512, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
     double cfg = 7.5;
     int sampler = LP_SD_SAMPLER_EULER, scheduler = LP_SD_SCHED_DISCRETE;
@@ -178,7 +187,23 @@ int cli_image(int argc, char **argv) {
         }
         if (!(v = cli_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "-m") || !strcmp(a, "--model")) model = v;
-        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) prompt = v;
+        else if (!strcmp(a, "-p") || !strcmp(a, "--prompt")) {
+            if (n_prompts == LP_SD_MAX_IMAGES) {
+                fprintf(stderr, "loraplex image: at most %d prompts\n", LP_SD_MAX_IMAGES);
+                return 2;
+            }
+            prompts[n_prompts++] = v;
+        }
+        else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, LP_SD_MAX_IMAGES, &batch)) return 2; }
+        else if (!strcmp(a, "--image-lora")) {
+            char *end = NULL;
+            long b = strtol(v, &end, 10);
+            if (end == v || *end != '=' || b < 0 || b >= LP_SD_MAX_IMAGES || n_image_lora == 4 * LP_SD_MAX_IMAGES) {
+                fprintf(stderr, "loraplex image: --image-lora %s: IMAGE=PATH[:SCALE], IMAGE 0..%d\n", v, LP_SD_MAX_IMAGES - 1);
+                return 2;
+            }
+            image_lora[n_image_lora++] = v;
+        }
         else if (!strcmp(a, "-n") || !strcmp(a, "--negative")) negative = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
         else if (!strcmp(a, "--noise")) noise_path = v;
@@ -213,7 +238,7 @@ int cli_image(int argc, char **argv) {
             return 2;
         }
     }
-    if (!model || !prompt || !out) {
+    if (!model || !n_prompts || !out) {
         fprintf(stderr, "loraplex image: -m MODEL, -p PROMPT and -o OUT are required (see --help)\n");
         return 2;
     }
@@ -231,7 +256,9 @@ int cli_image(int argc, char **argv) {
     float *noise = NULL, *lat = NULL;
     uint8_t *rgb = NULL;
     lp_sd_weights *w = NULL;
-    lp_sd_row_loras uses = {0};
+    lp_sd_row_loras uses = {0}, sets[LP_SD_MAX_IMAGES];
+    const lp_sd_lora *owned[4 * LP_SD_MAX_IMAGES];
+    int n_owned = 0;
     lp_clip_tokenizer *tok = lp_clip_tokenizer_load(merges, &err);
     if (!tok) return cli_fail("tokenizer", &err);
     lp_sd_model *m = lp_sd_model_load(model, &err);
@@ -245,10 +272,33 @@ int cli_image(int argc, char **argv) {
         cli_fail("model", &err);
         goto done;
     }
-    if (load_loras(lora_arg, n_lora, lp_sd_weights_config(w), &uses, &err)) {
-        cli_fail("lora", &err);
-        goto done;
+    int B = batch ? (int)batch : n_prompts;
+    for (int i = 0; i < n_lora; i++)
+        if (load_lora(lora_arg[i], lp_sd_weights_config(w), &uses.use[uses.n++], &err)) {
+            uses.n--;
+            cli_fail("lora", &err);
+            goto done;
+        }
+    for (int b = 0; b < B; b++) sets[b] = uses;
+    for (int i = 0; i < n_image_lora; i++) {
+        char *end;
+        int b = (int)strtol(image_lora[i], &end, 10);
+        if (b >= B) {
+            fprintf(stderr, "loraplex image: --image-lora %s: there are %d images\n", image_lora[i], B);
+            goto done;
+        }
+        if (sets[b].n == LP_SD_MAX_ROW_LORAS) {
+            fprintf(stderr, "loraplex image: image %d: at most %d adapters\n", b, LP_SD_MAX_ROW_LORAS);
+            goto done;
+        }
+        if (load_lora(end + 1, lp_sd_weights_config(w), &sets[b].use[sets[b].n], &err)) {
+            cli_fail("lora", &err);
+            goto done;
+        }
+        owned[n_owned++] = sets[b].use[sets[b].n++].lora;
     }
+    const char *image_prompts[LP_SD_MAX_IMAGES];
+    for (int b = 0; b < B; b++) image_prompts[b] = prompts[b % n_prompts];
     int64_t nlat = (int64_t)4 * (height / 8) * (width / 8);
     if (lp_sd_weights_config(w)->unet_in != 4) {
         fprintf(stderr, "loraplex image: a %d-channel UNet (inpainting models are not supported yet)\n",
@@ -272,14 +322,15 @@ int cli_image(int argc, char **argv) {
         if (noise) memcpy(noise, data, (size_t)nlat * 4);
         free(data);
     }
-    lat = malloc((size_t)nlat * sizeof(float));
-    rgb = malloc((size_t)(width * height * 3));
+    lat = malloc((size_t)nlat * (size_t)B * sizeof(float));
+    rgb = malloc((size_t)(width * height * 3) * (size_t)B);
     if (!lat || !rgb || (noise_path && !noise)) {
         fprintf(stderr, "loraplex image: out of memory\n");
         goto done;
     }
     progress pr = {.start = lp_now_seconds()};
-    lp_sd_gen_params gp = {.prompt = prompt, .negative = negative, .width = (int)width, .height = (int)height,
+    lp_sd_gen_params gp = {.prompt = prompts[0], .prompts = image_prompts, .batch = B, .image_loras = sets,
+                           .negative = negative, .width = (int)width, .height = (int)height,
                            .steps = (int)steps, .cfg = (float)cfg, .sampler = sampler, .scheduler = scheduler,
                            .seed = (uint64_t)seed, .clip_skip = (int)clip_skip, .n_threads = (int)threads,
                            .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr};
@@ -287,20 +338,26 @@ int cli_image(int argc, char **argv) {
         cli_fail("image", &err);
         goto done;
     }
-    if (lat_path && write_raw(lat_path, lat, nlat)) {
+    if (lat_path && write_raw(lat_path, lat, nlat * B)) {
         fprintf(stderr, "loraplex image: cannot write %s\n", lat_path);
         goto done;
     }
-    if (lp_png_write(out, rgb, (int)width, (int)height, &err)) {
-        cli_fail("image", &err);
-        goto done;
+    for (int b = 0; b < B; b++) {
+        char path[4096];
+        image_path(out, b, B, path, sizeof path);
+        if (lp_png_write(path, rgb + (size_t)b * (size_t)(width * height * 3), (int)width, (int)height, &err)) {
+            cli_fail("image", &err);
+            goto done;
+        }
+        fprintf(stderr, "loraplex: wrote %s (%ldx%ld, %s, %ld steps, cfg %g, seed %ld)\n", path, width, height,
+                lp_sd_sampler_name(sampler), steps, cfg, seed + b);
     }
-    fprintf(stderr, "loraplex: wrote %s (%ldx%ld, %s, %ld steps, cfg %g, seed %ld) in %.1f s\n", out, width, height,
-            lp_sd_sampler_name(sampler), steps, cfg, seed, lp_now_seconds() - pr.start);
+    fprintf(stderr, "loraplex: %d image%s in %.1f s\n", B, B > 1 ? "s" : "", lp_now_seconds() - pr.start);
     rc = 0;
 done:
     free(noise), free(lat), free(rgb);
     for (int i = 0; i < uses.n; i++) lp_sd_lora_free((lp_sd_lora *)uses.use[i].lora);
+    for (int i = 0; i < n_owned; i++) lp_sd_lora_free((lp_sd_lora *)owned[i]);
     lp_sd_weights_free(w);
     lp_clip_tokenizer_free(tok);
     return rc;

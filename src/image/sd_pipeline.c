@@ -8,27 +8,34 @@
 typedef struct denoiser {
     lp_sd_graph *g;
     const lp_sd_schedule *sched;
-    const float *ctx; /* [rows][77][dim]: uncond first when guided */
-    int rows;         /* 1 or 2 */
+    const float *ctx; /* [images * per][77][dim]: each image's uncond row first when guided */
+    int images, per;  /* per: rows per image, 1 or 2 */
     float cfg;
     int64_t n;        /* floats of one latent */
-    float *xin, *eps; /* [rows][n] */
+    float *xin, *eps; /* [images * per][n] */
 } denoiser;
 
-/* D(x, sigma) = x - sigma * eps(x / sqrt(sigma^2 + 1), t(sigma)), eps
- * guided as uncond + cfg (cond - uncond) */
+/* D(x, sigma) = x - sigma * eps(x / sqrt(sigma^2 + 1), t(sigma)) for every
+ * image's latent, eps guided as uncond + cfg (cond - uncond); all rows in
+ * one UNet batch */
 static int denoise(void *ctx, const float *x, double sigma, float *out, lp_error *err) {
     denoiser *d = ctx;
-    float c_in = (float)(1.0 / sqrt(sigma * sigma + 1.0)), t[2];
-    for (int r = 0; r < d->rows; r++) {
-        for (int64_t i = 0; i < d->n; i++) d->xin[r * d->n + i] = x[i] * c_in;
+    float c_in = (float)(1.0 / sqrt(sigma * sigma + 1.0)), t[LP_SD_MAX_IMAGES * 2];
+    int rows = d->images * d->per;
+    for (int r = 0; r < rows; r++) {
+        const float *xi = x + (r / d->per) * d->n;
+        for (int64_t i = 0; i < d->n; i++) d->xin[r * d->n + i] = xi[i] * c_in;
         t[r] = (float)lp_sd_sigma_to_t(d->sched, sigma);
     }
-    if (lp_sd_unet(d->g, d->xin, t, d->ctx, d->rows, d->eps, err)) return -1;
-    const float *eu = d->eps, *ec = d->eps + (d->rows - 1) * d->n;
-    for (int64_t i = 0; i < d->n; i++) {
-        float e = d->rows == 2 ? eu[i] + d->cfg * (ec[i] - eu[i]) : ec[i];
-        out[i] = x[i] - (float)sigma * e;
+    if (lp_sd_unet(d->g, d->xin, t, d->ctx, rows, d->eps, err)) return -1;
+    for (int b = 0; b < d->images; b++) {
+        const float *eu = d->eps + b * d->per * d->n, *ec = eu + (d->per - 1) * d->n;
+        const float *xb = x + b * d->n;
+        float *ob = out + b * d->n;
+        for (int64_t i = 0; i < d->n; i++) {
+            float e = d->per == 2 ? eu[i] + d->cfg * (ec[i] - eu[i]) : ec[i];
+            ob[i] = xb[i] - (float)sigma * e;
+        }
     }
     return 0;
 }
@@ -85,65 +92,82 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     if (lp_clip_vocab_size(tok) != c->te_vocab)
         return lp_fail(err, "tokenizer of %d tokens for a text encoder of %d", lp_clip_vocab_size(tok), c->te_vocab);
     if (p->steps < 1 || p->steps > LP_SD_TRAIN_STEPS) return lp_fail(err, "steps %d (1..1000)", p->steps);
-    int lh = p->height / 8, lw = p->width / 8, rows = p->cfg == 1.0f ? 1 : 2;
-    int64_t n = (int64_t)lh * lw * c->unet_in, T = c->te_ctx;
+    int B = p->batch > 1 ? p->batch : 1;
+    if (B > LP_SD_MAX_IMAGES) return lp_fail(err, "batch of %d images (1..%d)", B, LP_SD_MAX_IMAGES);
+    int lh = p->height / 8, lw = p->width / 8, per = p->cfg == 1.0f ? 1 : 2, rows = B * per;
+    int64_t n = (int64_t)lh * lw * c->unet_in, T = c->te_ctx, px = (int64_t)lh * lw;
+    int64_t npix = (int64_t)p->width * p->height;
     lp_sd_graph *g = lp_sd_graph_create(w, rows, lh, lw, p->n_threads, err);
     if (!g) return -1;
     lp_sd_schedule *sched = malloc(sizeof *sched);
-    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(2 * T));
-    float *ctx = malloc(sizeof(float) * (size_t)(2 * T * c->te_dim));
-    float *x = malloc(sizeof(float) * (size_t)n * 9); /* x, xin[2], eps[2], sampler scratch[3], image staging */
+    int32_t *ids = malloc(sizeof(int32_t) * (size_t)(rows * T));
+    float *ctx = malloc(sizeof(float) * (size_t)(rows * T * c->te_dim));
+    /* x, xin[rows], eps[rows], sampler scratch[3] */
+    float *x = malloc(sizeof(float) * (size_t)n * (size_t)(B + 2 * rows + 3 * B));
     double *sigmas = malloc(sizeof(double) * (size_t)(p->steps + 1));
-    float *img = malloc(sizeof(float) * (size_t)(p->width * p->height * c->vae_img));
+    float *img = malloc(sizeof(float) * (size_t)(npix * c->vae_img));
+    lp_sd_row_loras *rl = malloc(sizeof *rl * (size_t)rows);
     int rc = -1;
-    if (!sched || !ids || !ctx || !x || !sigmas || !img) {
+    if (!sched || !ids || !ctx || !x || !sigmas || !img || !rl) {
         lp_error_set(err, LP_ERR_NOMEM, "out of memory");
         goto done;
     }
     lp_sd_schedule_init(sched);
-    /* rows: [negative,] prompt */
-    const char *texts[2] = {p->negative ? p->negative : "", p->prompt};
-    for (int r = 0; r < rows; r++) {
-        const char *s = texts[rows == 2 ? r : 1];
-        if (lp_sd_encode_prompt(tok, &p->loras, s, ids + r * T, (int)T, err)) goto done;
+    /* rows: per image [negative,] prompt, with the image's adapters */
+    for (int b = 0; b < B; b++) {
+        const lp_sd_row_loras *loras = p->image_loras ? &p->image_loras[b] : &p->loras;
+        const char *prompt = p->prompts && p->prompts[b] ? p->prompts[b] : p->prompt;
+        const char *texts[2] = {p->negative ? p->negative : "", prompt};
+        for (int r = 0; r < per; r++) {
+            int row = b * per + r;
+            const char *s = texts[per == 2 ? r : 1];
+            if (lp_sd_encode_prompt(tok, loras, s, ids + row * T, (int)T, err)) goto done;
+            rl[row] = *loras;
+        }
     }
-    lp_sd_row_loras rl[2] = {p->loras, p->loras};
     if (lp_sd_graph_set_loras(g, rl, rows, err)) goto done;
     if (lp_sd_text_encode(g, ids, rows, p->clip_skip, ctx, err)) goto done;
     if (lp_sd_sigmas(sched, p->sampler, p->scheduler, p->steps, sigmas)) {
         lp_fail(err, "no schedule for %d steps", p->steps);
         goto done;
     }
-    /* initial latent: noise * sigma_max, channels last inside */
-    lp_rng rng;
+    /* initial latents: image b's noise from seed + b (so it is the image a
+     * run with that seed alone makes), channel-major as the file layout,
+     * times sigma_max; channels last inside */
+    for (int b = 0; b < B; b++) {
+        float *xb = x + b * n;
+        lp_rng nr;
+        lp_rng_seed(&nr, p->seed + (uint64_t)b);
+        for (int ch = 0; ch < c->unet_in; ch++)
+            for (int64_t i = 0; i < px; i++)
+                xb[i * c->unet_in + ch] = p->noise ? p->noise[ch * px + i] : lp_rng_normal(&nr);
+        for (int64_t i = 0; i < n; i++) xb[i] *= (float)sigmas[0];
+    }
+    lp_rng rng; /* the ancestral samplers' noise */
     lp_rng_seed(&rng, p->seed);
-    int64_t px = (int64_t)lh * lw;
-    for (int64_t i = 0; i < px; i++)
-        for (int ch = 0; ch < c->unet_in; ch++) {
-            float e = p->noise ? p->noise[ch * px + i] : 0.0f;
-            x[i * c->unet_in + ch] = e;
-        }
-    if (!p->noise)
-        for (int ch = 0; ch < c->unet_in; ch++) /* drawn channel-major, as the file layout */
-            for (int64_t i = 0; i < px; i++) x[i * c->unet_in + ch] = lp_rng_normal(&rng);
-    for (int64_t i = 0; i < n; i++) x[i] *= (float)sigmas[0];
-    denoiser d = {.g = g, .sched = sched, .ctx = ctx, .rows = rows, .cfg = p->cfg, .n = n,
-                  .xin = x + n, .eps = x + 3 * n};
-    if (lp_sd_sample(p->sampler, sigmas, p->steps, x, n, denoise, &d, &rng, x + 5 * n, p->on_step, p->step_ctx, err))
+    for (int64_t i = 0; p->noise == NULL && i < n; i++) lp_rng_normal(&rng); /* past image 0's initial draws */
+    denoiser d = {.g = g, .sched = sched, .ctx = ctx, .images = B, .per = per, .cfg = p->cfg, .n = n,
+                  .xin = x + B * n, .eps = x + (B + rows) * n};
+    if (lp_sd_sample(p->sampler, sigmas, p->steps, x, B * n, denoise, &d, &rng, x + (B + 2 * rows) * n, p->on_step,
+                     p->step_ctx, err))
         goto done;
-    if (latents_out)
-        for (int64_t i = 0; i < px; i++)
-            for (int ch = 0; ch < c->unet_in; ch++) latents_out[ch * px + i] = x[i * c->unet_in + ch];
-    if (lp_sd_vae_decode(g, x, 1, img, err)) goto done;
-    for (int64_t i = 0; i < (int64_t)p->width * p->height; i++)
-        for (int ch = 0; ch < 3; ch++) {
-            float v = c->vae_img >= 3 ? img[i * c->vae_img + ch] : img[i * c->vae_img];
-            float u = (v + 1.0f) * 127.5f;
-            rgb[i * 3 + ch] = (uint8_t)(u <= 0 ? 0 : u >= 255 ? 255 : lrintf(u));
-        }
+    for (int b = 0; b < B; b++) {
+        const float *xb = x + b * n;
+        if (latents_out)
+            for (int64_t i = 0; i < px; i++)
+                for (int ch = 0; ch < c->unet_in; ch++) latents_out[b * n + ch * px + i] = xb[i * c->unet_in + ch];
+        if (lp_sd_vae_decode(g, xb, 1, img, err)) goto done;
+        uint8_t *out = rgb + (size_t)b * (size_t)npix * 3;
+        for (int64_t i = 0; i < npix; i++)
+            for (int ch = 0; ch < 3; ch++) {
+                float v = c->vae_img >= 3 ? img[i * c->vae_img + ch] : img[i * c->vae_img];
+                float u = (v + 1.0f) * 127.5f;
+                out[i * 3 + ch] = (uint8_t)(u <= 0 ? 0 : u >= 255 ? 255 : lrintf(u));
+            }
+    }
     rc = 0;
 done:
-    free(sched), free(ids), free(ctx), free(x), free(sigmas), free(img);
+    free(sched), free(ids), free(ctx), free(x), free(sigmas), free(img), free(rl);
     lp_sd_graph_free(g);
     return rc;
 }

@@ -13,6 +13,8 @@
 #include "sd_graph.h"
 #include "sd_sample.h"
 
+#define LP_SD_MAX_IMAGES 32
+
 typedef struct lp_sd_gen_params {
     const char *prompt, *negative; /* negative NULL: "" */
     int width, height;             /* pixels, multiples of 8 * 2^(UNet levels - 1) */
@@ -24,12 +26,22 @@ typedef struct lp_sd_gen_params {
     int n_threads;
     const float *noise;            /* NULL, or the initial noise [4][h/8][w/8] */
     lp_sd_row_loras loras;         /* adapters of both guidance rows (runtime inputs) */
+    /* batch > 1: that many images in one UNet batch (2 rows each with
+     * guidance); image b takes prompts[b] (NULL or a NULL entry: prompt),
+     * image_loras[b] (NULL: loras) and its initial noise from seed + b, so
+     * with euler, ddim or dpm++2m it is the image a run with that seed and
+     * those adapters alone makes, bit for bit (the ancestral samplers draw
+     * their noise over the whole batch) */
+    int batch;
+    const char *const *prompts;
+    const lp_sd_row_loras *image_loras;
     lp_sd_step_fn on_step;
     void *step_ctx;
 } lp_sd_gen_params;
 
-/* latents_out (may be NULL): the final latent [4][h/8][w/8] (channels
- * first, as --latents-out writes it); rgb: height x width x 3 bytes. */
+/* latents_out (may be NULL): the final latents [batch][4][h/8][w/8]
+ * (channels first, as --latents-out writes them); rgb: batch x height x
+ * width x 3 bytes. */
 /* Encodes text into ids[0..n_ctx) as lp_clip_encode does, except that the
  * adapters' textual-inversion tokens ("<s1>") found in the text become
  * their ids (vocab + j, in the adapters' order); the text between them is
