@@ -39,6 +39,7 @@ typedef struct vop { vop_kind kind; int32_t lvl, i; } vop; /* lvl: 0 = latent si
 #define MAX_XF 32
 #define MAX_CONV 16
 #define MAX_UOPS 192
+#define MAX_BATCH 64 /* rows of a graph: images x guidance rows */
 
 struct lp_sd_weights {
     lp_sd_config cfg;
@@ -382,7 +383,7 @@ struct lp_sd_graph {
     float *tx, *th, *tqkv, *tff;
     /* adapters: each batch row's (lp_sd_graph_set_loras), and their
      * scratch: the down projection [rows][rank], up in chunks [rows][out] */
-    lp_sd_row_loras rows[64];
+    lp_sd_row_loras rows[MAX_BATCH];
     int n_lora_rows;
     float *lora_t, *lora_u;
     int64_t lora_t_cap, lora_u_cap;
@@ -402,10 +403,10 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
                                 lp_error *err) {
     const lp_sd_config *c = &w->cfg;
     int f = 1 << (c->unet_levels - 1);
-    if (max_batch < 1 || max_batch > 64 || lat_h < 1 || lat_w < 1 || lat_h % f || lat_w % f || lat_h > 1024 ||
+    if (max_batch < 1 || max_batch > MAX_BATCH || lat_h < 1 || lat_w < 1 || lat_h % f || lat_w % f || lat_h > 1024 ||
         lat_w > 1024)
-        return lp_fail(err, "SD graph: latent %dx%d (multiples of %d, at most 1024) for batch %d (1..64)", lat_h,
-                       lat_w, f, max_batch), NULL;
+        return lp_fail(err, "SD graph: latent %dx%d (multiples of %d, at most 1024) for batch %d (1..%d)", lat_h,
+                       lat_w, f, max_batch, MAX_BATCH), NULL;
     lp_sd_graph *g = calloc(1, sizeof *g);
     if (!g) return lp_error_set(err, LP_ERR_NOMEM, "out of memory"), NULL;
     *g = (lp_sd_graph){.w = w, .max_batch = max_batch, .lat_h = lat_h, .lat_w = lat_w};
@@ -500,6 +501,14 @@ void lp_sd_graph_free(lp_sd_graph *g) {
 
 /* ---- op helpers ------------------------------------------------------------------------------------ */
 
+/* *buf holds at least need floats (contents not kept) */
+static int grow_scratch(float **buf, int64_t *cap, int64_t need) {
+    if (need <= *cap) return 0;
+    lp_free(*buf);
+    *cap = (*buf = lp_alloc_uninit((size_t)need * sizeof(float))) ? need : 0;
+    return *buf ? 0 : -1;
+}
+
 int lp_sd_graph_set_loras(lp_sd_graph *g, const lp_sd_row_loras *rows, int n, lp_error *err) {
     const lp_sd_config *c = &g->w->cfg;
     if (n < 0 || n > g->max_batch) return lp_fail(err, "SD adapters for %d rows (0..%d)", n, g->max_batch);
@@ -520,21 +529,9 @@ int lp_sd_graph_set_loras(lp_sd_graph *g, const lp_sd_row_loras *rows, int n, lp
     int64_t rows_max = (int64_t)g->max_batch * imax((int64_t)g->lat_h * g->lat_w, c->te_ctx), out_max = 1;
     for (int32_t i = 0; i < g->w->targets.n; i++) out_max = imax(out_max, g->w->targets.t[i].out);
     int64_t need_t = rows_max * rank, need_u = imax(out_max, rows_max * out_max < ((int64_t)1 << 22) ? rows_max * out_max : (int64_t)1 << 22);
-    if (rank && need_t > g->lora_t_cap) {
-        lp_free(g->lora_t);
-        if (!(g->lora_t = lp_alloc_uninit((size_t)need_t * sizeof(float)))) {
-            g->lora_t_cap = 0, g->n_lora_rows = 0;
-            return lp_error_set(err, LP_ERR_NOMEM, "SD adapters: out of memory");
-        }
-        g->lora_t_cap = need_t;
-    }
-    if (rank && need_u > g->lora_u_cap) {
-        lp_free(g->lora_u);
-        if (!(g->lora_u = lp_alloc_uninit((size_t)need_u * sizeof(float)))) {
-            g->lora_u_cap = 0, g->n_lora_rows = 0;
-            return lp_error_set(err, LP_ERR_NOMEM, "SD adapters: out of memory");
-        }
-        g->lora_u_cap = need_u;
+    if (rank && (grow_scratch(&g->lora_t, &g->lora_t_cap, need_t) || grow_scratch(&g->lora_u, &g->lora_u_cap, need_u))) {
+        g->n_lora_rows = 0;
+        return lp_error_set(err, LP_ERR_NOMEM, "SD adapters: out of memory");
     }
     if (n) memcpy(g->rows, rows, sizeof *rows * (size_t)n);
     g->n_lora_rows = n;
@@ -586,8 +583,8 @@ static bool same_use(const lp_sd_graph *g, int i, int j, int p) {
     return j < g->n_lora_rows && p < b->n && a->use[p].lora == b->use[p].lora && a->use[p].scale == b->use[p].scale;
 }
 
-/* Module id's adapter deltas for every image of the batch (x_img, y_img:
- * floats of one image's input and output). Each image adds its adapters in
+/* Module id's adapter deltas for every image of the batch (x_img: floats
+ * of one image's input; rows / n rows of out floats are one image's output). Each image adds its adapters in
  * its list's order; consecutive images with the same adapter at the same
  * place share one pass, which gives each the bits it gets alone (the
  * kernels are batch invariant). */
