@@ -18,7 +18,7 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
     lp_sd_model *m = lp_sd_model_load_memory(data, size, "fuzz.safetensors", &err);
     if (!m) return 0;
     const lp_sd_config *c = lp_sd_model_config(m);
-    lp_sd_weights *w = lp_sd_weights_create(m, &err);
+    lp_sd_weights *w = lp_sd_weights_create(m, LP_F32, &err);
     lp_sd_graph *g = w ? lp_sd_graph_create(w, 1, 8, 8, 1, &err) : NULL;
     if (g && c->te_ctx <= 128 && c->unet_in <= 8) {
         int32_t ids[128] = {0};

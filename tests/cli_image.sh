@@ -5,7 +5,7 @@
 # latent written by one run fed as another's noise changes the result), and
 # clear errors for a wrong noise size, a bad sampler and a missing model;
 # --lora (runtime LoRAs, scales, a textual-inversion token), a batch of two
-# images with different adapters == each alone.
+# images with different adapters == each alone; --precision w8a16 / w8a8.
 set -u
 bin="$1"; models="$2"; work="$3/cli_image_tmp"
 mkdir -p "$work"
@@ -31,6 +31,18 @@ run --seed 4 -o "$work/c.png" && ! cmp -s "$work/a.png" "$work/c.png" && ok || b
 run --seed 3 --noise "$work/a.lat" -o "$work/d.png" && ! cmp -s "$work/a.png" "$work/d.png" && ok || bad "--noise ignored"
 run --sampler dpm++2m --scheduler karras --cfg 1 --clip-skip 2 -o "$work/e.png" && ok || bad "dpm++2m: $(cat "$work/err")"
 
+# int8 weights: w8a16 and w8a8 each give an image of their own, the same for a seed, and say what they hold;
+# a LoRA runs on int8 weights as on f32
+for pr in w8a16 w8a8; do
+  run --seed 3 --precision $pr -o "$work/$pr.png" --latents-out "$work/$pr.lat" && ok || bad "--precision $pr: $(cat "$work/err")"
+  grep -q "$pr weights, [0-9]* MB int8" "$work/err" && ok || bad "--precision $pr summary: $(cat "$work/err")"
+  ! cmp -s "$work/a.lat" "$work/$pr.lat" && ok || bad "--precision $pr is f32"
+  run --seed 3 --precision $pr -o "$work/$pr-2.png" && cmp -s "$work/$pr.png" "$work/$pr-2.png" && ok || bad "--precision $pr: same seed, other bytes"
+done
+! cmp -s "$work/w8a16.lat" "$work/w8a8.lat" && ok || bad "w8a8 is w8a16"
+run --precision int4 -o "$work/f.png"; rc=$?
+[ $rc -eq 2 ] && grep -q "f32, w8a16 or w8a8" "$work/err" && ok || bad "bad precision: rc=$rc $(cat "$work/err")"
+
 # LoRAs as runtime inputs: a Kohya file (every linear and conv) changes the image, at scale 0 it is the
 # base bit for bit; a cloneofsimo file's token "<s1>" in the prompt changes the text; a file for SD 1.5
 # is refused naming its first key that does not fit
@@ -39,6 +51,7 @@ run --sampler dpm++2m --scheduler karras --cfg 1 --clip-skip 2 -o "$work/e.png" 
 run --seed 3 --lora "$work/k.safetensors" -o "$work/l1.png" --latents-out "$work/l1.lat" && ok || bad "--lora: $(cat "$work/err")"
 grep -q "k.safetensors (kohya: .* at 1" "$work/err" && ok || bad "--lora summary: $(cat "$work/err")"
 ! cmp -s "$work/a.lat" "$work/l1.lat" && ok || bad "the LoRA changed nothing"
+run --seed 3 --precision w8a8 --lora "$work/k.safetensors" -o "$work/l8.png" --latents-out "$work/l8.lat" && ! cmp -s "$work/w8a8.lat" "$work/l8.lat" && ok || bad "--lora on w8a8: $(cat "$work/err")"
 run --seed 3 --lora "$work/k.safetensors:0" -o "$work/l0.png" --latents-out "$work/l0.lat" && cmp -s "$work/a.lat" "$work/l0.lat" && ok || bad "--lora X:0 is not the base"
 run --seed 3 --lora "$work/k.safetensors:0.5" -o "$work/lh.png" --latents-out "$work/lh.lat" && ! cmp -s "$work/l1.lat" "$work/lh.lat" && ok || bad "--lora X:0.5 is X:1"
 run --seed 3 --lora "$work/c.safetensors" -o "$work/t0.png" --latents-out "$work/t0.lat" && ok || bad "cloneofsimo: $(cat "$work/err")"

@@ -4,7 +4,8 @@
  * the file in PyTorch's layout, full-softmax attention. Text encoder (with
  * and without clip skip), one UNet step on a batch of two rows with
  * different timesteps and contexts, the VAE decoder; on one thread and on
- * a pool. */
+ * a pool; in f32, and with int8 weights (W8A16, W8A8) against the same
+ * forward over weights (and activations) quantized as the graph's are. */
 #include "check.h"
 #include "formats/safetensors.h"
 #include "image/sd.h"
@@ -20,6 +21,9 @@
 
 typedef struct nv {
     const lp_sd_model *m;
+    bool w8;     /* weights as the LP_W8 graph holds them (fake_w8) */
+    bool a8;     /* and the int8 activations of W8A8 (fake_a8) */
+    bool packed; /* the last tensor P read is an int8 matrix */
     double *live[4096];
     int n_live;
 } nv;
@@ -29,6 +33,36 @@ static double *alloc_d(nv *v, int64_t n) {
     double *p = calloc((size_t)n, sizeof(double));
     v->live[v->n_live++] = p;
     return p;
+}
+
+/* The LP_W8 rule (sd_graph.h): a linear or conv weight with columns a
+ * multiple of 32 and 16 rows or more, not an embedding, becomes
+ * q * d per output row: d = amax / 127 rounded to f16, q = x * (1 / d) in
+ * float rounded half away from zero, in [-127, 127], as the packer does. */
+static bool fake_w8(const lp_st_tensor *t, double *x) {
+    size_t n = strlen(t->name);
+    if ((t->n_dims != 2 && t->n_dims != 4) || n < 7 || strcmp(t->name + n - 7, ".weight") || strstr(t->name, "embedding"))
+        return false;
+    int64_t rows = (int64_t)t->shape[0], cols = (int64_t)(t->n_elements / t->shape[0]);
+    if (cols % 32 || rows < 16) return false;
+    for (int64_t r = 0; r < rows; r++) {
+        double *row = x + r * cols, amax = 0;
+        for (int64_t i = 0; i < cols; i++) amax = fmax(amax, fabs(row[i]));
+        double d = lp_f16_to_f32(lp_f32_to_f16((float)amax / 127.0f));
+        float id = d > 0 ? 1.0f / (float)d : 0.0f;
+        for (int64_t i = 0; i < cols; i++) row[i] = fmax(-127, fmin(127, round((float)row[i] * id))) * d;
+    }
+    return true;
+}
+
+/* W8A8's activations: the input row of an int8 matrix (a pixel's channels,
+ * or a conv's whole k x k x cin patch) as q * d, d = amax / 127 (float),
+ * q = the row times 127 / amax rounded half to even. */
+static void fake_a8(double *x, int64_t n) {
+    float amax = 0;
+    for (int64_t i = 0; i < n; i++) amax = fmaxf(amax, fabsf((float)x[i]));
+    float id = amax > 0 ? 127.0f / amax : 0.0f, d = amax / 127.0f;
+    for (int64_t i = 0; i < n; i++) x[i] = fmax(-127, fmin(127, nearbyintf((float)x[i] * id))) * (double)d;
 }
 
 __attribute__((format(printf, 2, 3))) static double *P(nv *v, const char *fmt, ...) {
@@ -48,27 +82,32 @@ __attribute__((format(printf, 2, 3))) static double *P(nv *v, const char *fmt, .
     double *d = alloc_d(v, (int64_t)t->n_elements);
     for (uint64_t i = 0; i < t->n_elements; i++) d[i] = f[i];
     free(f);
+    v->packed = v->w8 && fake_w8(t, d);
     return d;
 }
 
 /* conv2d on [cin][h][w] with weight [cout][cin][k][k], padding k/2 */
 static double *conv(nv *v, const double *x, int cin, int h, int w, int cout, int k, int stride, const char *p) {
-    double *W = P(v, "%s.weight", p), *b = P(v, "%s.bias", p);
+    double *W = P(v, "%s.weight", p);
+    bool a8 = v->a8 && v->packed;
+    double *b = P(v, "%s.bias", p);
     int pad = k / 2, oh = (h + 2 * pad - k) / stride + 1, ow = (w + 2 * pad - k) / stride + 1;
-    double *y = alloc_d(v, (int64_t)cout * oh * ow);
-    for (int o = 0; o < cout; o++)
-        for (int oy = 0; oy < oh; oy++)
-            for (int ox = 0; ox < ow; ox++) {
+    double *y = alloc_d(v, (int64_t)cout * oh * ow), *patch = alloc_d(v, (int64_t)cin * k * k);
+    for (int oy = 0; oy < oh; oy++)
+        for (int ox = 0; ox < ow; ox++) {
+            for (int i = 0; i < cin; i++)
+                for (int ky = 0; ky < k; ky++)
+                    for (int kx = 0; kx < k; kx++) {
+                        int iy = oy * stride + ky - pad, ix = ox * stride + kx - pad;
+                        patch[(i * k + ky) * k + kx] = iy >= 0 && iy < h && ix >= 0 && ix < w ? x[(i * h + iy) * w + ix] : 0;
+                    }
+            if (a8) fake_a8(patch, (int64_t)cin * k * k);
+            for (int o = 0; o < cout; o++) {
                 double acc = b[o];
-                for (int i = 0; i < cin; i++)
-                    for (int ky = 0; ky < k; ky++)
-                        for (int kx = 0; kx < k; kx++) {
-                            int iy = oy * stride + ky - pad, ix = ox * stride + kx - pad;
-                            if (iy >= 0 && iy < h && ix >= 0 && ix < w)
-                                acc += W[((o * cin + i) * k + ky) * k + kx] * x[(i * h + iy) * w + ix];
-                        }
+                for (int64_t j = 0; j < (int64_t)cin * k * k; j++) acc += W[o * (int64_t)cin * k * k + j] * patch[j];
                 y[(o * oh + oy) * ow + ox] = acc;
             }
+        }
     return y;
 }
 
@@ -94,13 +133,18 @@ static double *group_norm(nv *v, const double *x, int c, int64_t hw, double eps,
 
 /* rows x in -> rows x out */
 static double *linear(nv *v, const double *x, int64_t rows, int in, int out, bool bias, const char *p) {
-    double *W = P(v, "%s.weight", p), *b = bias ? P(v, "%s.bias", p) : NULL, *y = alloc_d(v, rows * out);
-    for (int64_t r = 0; r < rows; r++)
+    double *W = P(v, "%s.weight", p);
+    bool a8 = v->a8 && v->packed;
+    double *b = bias ? P(v, "%s.bias", p) : NULL, *y = alloc_d(v, rows * out), *xr = alloc_d(v, in);
+    for (int64_t r = 0; r < rows; r++) {
+        memcpy(xr, x + r * in, sizeof(double) * (size_t)in);
+        if (a8) fake_a8(xr, in);
         for (int o = 0; o < out; o++) {
             double acc = b ? b[o] : 0;
-            for (int i = 0; i < in; i++) acc += W[(int64_t)o * in + i] * x[r * in + i];
+            for (int i = 0; i < in; i++) acc += W[(int64_t)o * in + i] * xr[i];
             y[r * out + o] = acc;
         }
+    }
     return y;
 }
 
@@ -403,6 +447,11 @@ static double *naive_vae(nv *v, const lp_sd_config *c, const double *z, int h, i
 
 /* ---- comparisons ----------------------------------------------------------------------------------------------------------- */
 
+/* precision of a case: the weights' type and the graph's activations */
+typedef enum { F32, W8A16, W8A8 } precision;
+#define TOL_A8 5e-3
+static const char *const precision_name[] = {"f32", "w8a16", "w8a8"};
+
 /* max |a - ref| / max |ref|, a channels last [hw][c], ref [c][hw] */
 static double rel_err_chw(const float *a, const double *ref, int c, int64_t hw) {
     double m = 0, s = 1e-12;
@@ -412,21 +461,40 @@ static double rel_err_chw(const float *a, const double *ref, int c, int64_t hw) 
     return m / s;
 }
 
-static double rel_err_rows(const float *a, const double *ref, int64_t n) {
-    double m = 0, s = 1e-12;
-    for (int64_t i = 0; i < n; i++) s = fmax(s, fabs(ref[i]));
-    for (int64_t i = 0; i < n; i++) m = fmax(m, fabs(a[i] - ref[i]));
-    return m / s;
+/* W8A8's measure: root mean square, relative to the reference's, since a
+ * rare activation code that lands within float rounding of a half can flip
+ * by one between the graph and the double reference and move a single
+ * element by more than the max-norm bound of the float cases */
+static double rms_err_chw(const float *a, const double *ref, int c, int64_t hw) {
+    double e = 0, s = 1e-24;
+    for (int ch = 0; ch < c; ch++)
+        for (int64_t i = 0; i < hw; i++) {
+            double d = a[i * c + ch] - ref[ch * hw + i];
+            e += d * d, s += ref[ch * hw + i] * ref[ch * hw + i];
+        }
+    return sqrt(e / s);
 }
 
-static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads) {
+static double err_chw(precision pr, const float *a, const double *ref, int c, int64_t hw) {
+    return pr == W8A8 ? rms_err_chw(a, ref, c, hw) : rel_err_chw(a, ref, c, hw);
+}
+
+/* The graphs of one precision against the naive forward over the weights
+ * as that precision holds them (and for W8A8 the int8 activations of each
+ * int8 matmul): to float rounding. TOL_A8 (RMS) sits between what W8A8
+ * measures against that reference (<= 2e-3, from a flipped code or two) and
+ * what leaving the activations in float would (>= 1e-2). */
+static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads, precision pr) {
     const lp_sd_config *c = lp_sd_model_config(m);
     enum { B = 2, LH = 4, LW = 6 };
     lp_error err = {0};
     lp_sd_graph *g = lp_sd_graph_create(w, B, LH, LW, threads, &err);
     CHECK_MSG(g != NULL, "%s", err.message);
     if (!g) return;
-    nv v = {.m = m};
+    lp_sd_graph_set_int8_activations(g, pr == W8A8);
+    double tol_te = pr == W8A8 ? TOL_A8 : 1e-5, tol = pr == W8A8 ? TOL_A8 : 1e-4;
+    const char *pn = precision_name[pr];
+    nv v = {.m = m, .w8 = pr != F32, .a8 = pr == W8A8};
     lp_rng r;
     lp_rng_seed(&r, 42);
 
@@ -440,8 +508,8 @@ static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads) 
         CHECK(lp_sd_text_encode(g, ids, B, skip, ctx, &err) == 0);
         for (int b = 0; b < B; b++) {
             double *ref = naive_text(&v, c, ids + b * 77, skip);
-            double e = rel_err_rows(ctx + (size_t)b * 77 * c->te_dim, ref, 77 * c->te_dim);
-            CHECK_MSG(e < 1e-5, "text encoder row %d clip skip %d (%d threads): rel err %g", b, skip, threads, e);
+            double e = err_chw(pr, ctx + (size_t)b * 77 * c->te_dim, ref, 1, 77 * c->te_dim);
+            CHECK_MSG(e < tol_te, "%s text encoder row %d clip skip %d (%d threads): rel err %g", pn, b, skip, threads, e);
         }
     }
     CHECK(lp_sd_text_encode(g, ids, B, 0, ctx, &err) == -1);
@@ -459,8 +527,8 @@ static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads) 
             for (int i = 0; i < LH * LW; i++) xn[ch * LH * LW + i] = x[b * lat + i * c->unet_in + ch];
         for (int i = 0; i < 77 * c->te_dim; i++) cn[i] = ctx[(size_t)b * 77 * c->te_dim + i];
         double *ref = naive_unet(&v, c, xn, t[b], cn, LH, LW);
-        double e = rel_err_chw(eps + b * lat, ref, c->unet_out, LH * LW);
-        CHECK_MSG(e < 1e-4, "UNet row %d (%d threads): rel err %g", b, threads, e);
+        double e = err_chw(pr, eps + b * lat, ref, c->unet_out, LH * LW);
+        CHECK_MSG(e < tol, "%s UNet row %d (%d threads): rel err %g", pn, b, threads, e);
     }
 
     /* VAE decoder on the latents */
@@ -473,8 +541,8 @@ static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads) 
         for (int ch = 0; ch < c->vae_z; ch++)
             for (int i = 0; i < LH * LW; i++) zn[ch * LH * LW + i] = x[b * lat + i * c->vae_z + ch];
         double *ref = naive_vae(&v, c, zn, LH, LW);
-        double e = rel_err_chw(img + b * ipx * c->vae_img, ref, c->vae_img, ipx);
-        CHECK_MSG(e < 1e-4, "VAE row %d (%d threads): rel err %g", b, threads, e);
+        double e = err_chw(pr, img + b * ipx * c->vae_img, ref, c->vae_img, ipx);
+        CHECK_MSG(e < tol, "%s VAE row %d (%d threads): rel err %g", pn, b, threads, e);
     }
     for (int i = 0; i < v.n_live; i++) free(v.live[i]);
     free(ctx), free(x), free(eps), free(img);
@@ -491,15 +559,34 @@ int main(void) {
     CHECK(lp_sd_synth_write(&tiny, LP_ST_F32, 3, "sd-tiny", path, &err) == 0);
     lp_sd_model *m = lp_sd_model_load(path, &err);
     CHECK_MSG(m != NULL, "%s", err.message);
-    lp_sd_weights *w = m ? lp_sd_weights_create(m, &err) : NULL;
+    lp_sd_weights *w = m ? lp_sd_weights_create(m, LP_F32, &err) : NULL;
     CHECK_MSG(w != NULL, "%s", err.message);
     if (w) {
-        run_case(m, w, 1);
-        run_case(m, w, 3);
+        run_case(m, w, 1, F32);
+        run_case(m, w, 3, F32);
         /* the graph's size checks */
         CHECK(lp_sd_graph_create(w, 1, 7, 8, 1, &err) == NULL); /* not a multiple of 2 */
         CHECK(lp_sd_graph_create(w, 0, 8, 8, 1, &err) == NULL);
     }
+    lp_sd_weights *w8 = m ? lp_sd_weights_create(m, LP_W8, &err) : NULL;
+    CHECK_MSG(w8 != NULL, "%s", err.message);
+    if (w && w8) {
+        run_case(m, w8, 1, W8A16);
+        run_case(m, w8, 3, W8A16);
+        run_case(m, w8, 1, W8A8);
+        run_case(m, w8, 3, W8A8);
+        /* int8 matrices hold a byte per weight (and a scale per row); only the image-channel convs,
+         * the embeddings, norms and biases stay f32 */
+        int64_t f32 = 0, i8 = 0, f32_8 = 0, i8_8 = 0;
+        lp_sd_weights_bytes(w, &f32, &i8);
+        lp_sd_weights_bytes(w8, &f32_8, &i8_8);
+        lp_sd_counts n = lp_sd_layout_counts(&tiny);
+        CHECK(i8 == 0 && f32 >= 4 * (n.te + n.unet + n.vae));
+        CHECK_MSG(i8_8 > (f32 - f32_8) / 4 && i8_8 < (f32 - f32_8) / 4 * 1.1, "int8 %lld bytes for %lld f32 bytes",
+                  (long long)i8_8, (long long)(f32 - f32_8));
+        CHECK(lp_sd_weights_create(m, LP_F16, &err) == NULL && strstr(err.message, "f32 or w8"));
+    }
+    lp_sd_weights_free(w8);
     lp_sd_weights_free(w);
     lp_sd_model_free(m);
     unlink(path);

@@ -366,7 +366,7 @@ static void test_runtime_vs_merged(const char *base, int threads) {
     lp_sd_config c = lp_sd_config_tiny();
     lp_error err = {0};
     lp_sd_model *m = lp_sd_model_load(base, &err);
-    lp_sd_weights *w = m ? lp_sd_weights_create(m, &err) : NULL;
+    lp_sd_weights *w = m ? lp_sd_weights_create(m, LP_F32, &err) : NULL;
     lp_sd_graph *g = w ? lp_sd_graph_create(w, 3, 8, 8, threads, &err) : NULL;
     CHECK_MSG(g != NULL, "%s", err.message);
     if (!g) goto done;
@@ -395,7 +395,7 @@ static void test_runtime_vs_merged(const char *base, int threads) {
         /* merged */
         CHECK(write_merged(base, l[f], s, -1, mpath) == 0);
         lp_sd_model *mm = lp_sd_model_load(mpath, &err);
-        lp_sd_weights *mw = mm ? lp_sd_weights_create(mm, &err) : NULL;
+        lp_sd_weights *mw = mm ? lp_sd_weights_create(mm, LP_F32, &err) : NULL;
         lp_sd_graph *mg = mw ? lp_sd_graph_create(mw, 1, 8, 8, threads, &err) : NULL;
         CHECK_MSG(mg != NULL, "%s", err.message);
         if (mg) {
@@ -449,7 +449,7 @@ static void test_runtime_vs_merged(const char *base, int threads) {
         CHECK(lp_sd_text_encode(g, tv.ids, 1, 1, te2, &err) != 0 && strstr(err.message, "token id 49409"));
         CHECK(write_merged(base, l[3], 1.0f, 7, mpath) == 0);
         lp_sd_model *mm = lp_sd_model_load(mpath, &err);
-        lp_sd_weights *mw = mm ? lp_sd_weights_create(mm, &err) : NULL;
+        lp_sd_weights *mw = mm ? lp_sd_weights_create(mm, LP_F32, &err) : NULL;
         lp_sd_graph *mg = mw ? lp_sd_graph_create(mw, 1, 8, 8, threads, &err) : NULL;
         tv.ids[5] = 7;
         CHECK(mg && lp_sd_text_encode(mg, tv.ids, 1, 1, te2, &err) == 0);

@@ -6,7 +6,9 @@
  * unguided one-row run, which checks the cond/uncond rows of the batch;
  * the PNG decodes back to the same pixels; bad sizes are refused; a batch
  * of three images with their own prompts, seeds and adapters (euler and
- * dpm++2m) equals each image generated alone, bit for bit. Needs
+ * dpm++2m; and euler with int8 weights, W8A16 and W8A8) equals each image
+ * generated alone, bit for bit; int8 weights stay within stated bounds of
+ * f32 (final latent, image PSNR) for every sampler. Needs
  * ../shared/models/sd/clip-bpe-merges.txt (a failure without it). */
 #include "check.h"
 #include "image/sd_pipeline.h"
@@ -20,12 +22,27 @@
 
 #define MERGES LP_SHARED_MODELS "/sd/clip-bpe-merges.txt"
 enum { W = 64, H = 32, NLAT = 4 * (W / 8) * (H / 8) };
+/* int8 vs f32 on the random sd-tiny, 4 steps (W8A16, W8A8): measured RMS
+ * 1.0-1.4e-2 and 5.7-7.5e-2, PSNR 46-48 and 32-36 dB over the five samplers */
+static const double INT8_LATENT_RMS[2] = {0.03, 0.15}, INT8_PSNR_DB[2] = {40, 28};
 
 static int gen(const lp_sd_weights *w, const lp_clip_tokenizer *t, lp_sd_gen_params p, float *lat, uint8_t *rgb) {
     lp_error err = {0};
     int rc = lp_sd_generate(w, t, &p, lat, rgb, &err);
     if (rc) fprintf(stderr, "generate: %s\n", err.message);
     return rc;
+}
+
+static double rel_rms(const float *a, const float *ref, int n) {
+    double e = 0, s = 1e-24;
+    for (int i = 0; i < n; i++) e += ((double)a[i] - ref[i]) * ((double)a[i] - ref[i]), s += (double)ref[i] * ref[i];
+    return sqrt(e / s);
+}
+
+static double psnr(const uint8_t *a, const uint8_t *b, int n) {
+    double e = 0;
+    for (int i = 0; i < n; i++) e += ((double)a[i] - b[i]) * ((double)a[i] - b[i]);
+    return e > 0 ? 10 * log10(255.0 * 255.0 / (e / n)) : 99;
 }
 
 static double max_abs_diff(const float *a, const float *b, int n) {
@@ -44,10 +61,11 @@ int main(void) {
     lp_sd_config tiny = lp_sd_config_tiny();
     CHECK(lp_sd_synth_write(&tiny, LP_ST_F16, 11, "sd-tiny", path, &err) == 0);
     lp_sd_model *m = lp_sd_model_load(path, &err);
-    lp_sd_weights *w = m ? lp_sd_weights_create(m, &err) : NULL;
-    CHECK_MSG(w != NULL, "%s", err.message);
+    lp_sd_weights *w = m ? lp_sd_weights_create(m, LP_F32, &err) : NULL;
+    lp_sd_weights *w8 = m ? lp_sd_weights_create(m, LP_W8, &err) : NULL;
+    CHECK_MSG(w != NULL && w8 != NULL, "%s", err.message);
     lp_sd_model_free(m);
-    if (!tok || !w) goto out;
+    if (!tok || !w || !w8) goto out;
 
     static float lat[4][NLAT];
     static uint8_t rgb[4][W * H * 3];
@@ -96,6 +114,27 @@ int main(void) {
         CHECK(finite);
     }
 
+    /* int8 weights against f32 with the same noise, every sampler: the final latent's RMS error and the
+     * image's PSNR (INT8_LATENT_RMS, INT8_PSNR_DB); W8A8 differs from W8A16 (its activations are quantized) */
+    for (int s = 0; s < 5; s++) {
+        static float l32[NLAT], l8[2][NLAT];
+        static uint8_t i32[W * H * 3], i8[2][W * H * 3];
+        lp_sd_gen_params q = p;
+        q.sampler = s, q.negative = "blurry", q.cfg = 5.0f, q.steps = 4, q.seed = 3;
+        CHECK(gen(w, tok, q, l32, i32) == 0);
+        for (int a8 = 0; a8 < 2; a8++) {
+            q.int8_activations = a8;
+            CHECK(gen(w8, tok, q, l8[a8], i8[a8]) == 0);
+            double e = rel_rms(l8[a8], l32, NLAT), db = psnr(i8[a8], i32, W * H * 3);
+            fprintf(stderr, "sd-tiny %s %-8s vs f32: latent RMS %.2e, PSNR %.1f dB\n", a8 ? "w8a8 " : "w8a16",
+                    lp_sd_sampler_name(s), e, db);
+            CHECK_MSG(e < INT8_LATENT_RMS[a8] && db > INT8_PSNR_DB[a8], "%s %s: latent %g, PSNR %g",
+                      a8 ? "w8a8" : "w8a16", lp_sd_sampler_name(s), e, db);
+            CHECK(e > 0);
+        }
+        CHECK(memcmp(l8[0], l8[1], sizeof l8[0]) != 0);
+    }
+
     /* the PNG holds the pixels */
     {
         char png[64];
@@ -128,17 +167,21 @@ int main(void) {
             const char *prompts[3] = {"a red cube", "a green cone", "a photo of <s1>"};
             static float blat[3][NLAT], one[NLAT];
             static uint8_t brgb[3][W * H * 3], orgb[W * H * 3];
-            for (int s = 0; s < 2; s++) {
+            /* euler and dpm++2m in f32; euler with int8 weights, W8A16 and W8A8 */
+            for (int s = 0; s < 4; s++) {
+                const lp_sd_weights *sw = s < 2 ? w : w8;
                 lp_sd_gen_params q = p;
-                q.sampler = s ? LP_SD_SAMPLER_DPMPP_2M : LP_SD_SAMPLER_EULER;
+                q.sampler = s == 1 ? LP_SD_SAMPLER_DPMPP_2M : LP_SD_SAMPLER_EULER;
+                q.int8_activations = s == 3;
                 q.seed = 40, q.batch = 3, q.prompts = prompts, q.image_loras = sets;
-                CHECK(gen(w, tok, q, blat[0], brgb[0]) == 0);
+                CHECK(gen(sw, tok, q, blat[0], brgb[0]) == 0);
                 for (int i = 0; i < 3; i++) {
                     lp_sd_gen_params o = p;
-                    o.sampler = q.sampler, o.seed = 40 + (uint64_t)i, o.prompt = prompts[i], o.loras = sets[i];
-                    CHECK(gen(w, tok, o, one, orgb) == 0);
+                    o.sampler = q.sampler, o.int8_activations = q.int8_activations;
+                    o.seed = 40 + (uint64_t)i, o.prompt = prompts[i], o.loras = sets[i];
+                    CHECK(gen(sw, tok, o, one, orgb) == 0);
                     CHECK_MSG(!memcmp(one, blat[i], sizeof one) && !memcmp(orgb, brgb[i], sizeof orgb),
-                              "sampler %d: image %d of the batch != alone", s, i);
+                              "case %d: image %d of the batch != alone", s, i);
                 }
                 CHECK(memcmp(blat[0], blat[1], sizeof one) && memcmp(blat[1], blat[2], sizeof one));
             }
@@ -159,6 +202,7 @@ int main(void) {
     CHECK(lp_sd_generate(w, tok, &p, NULL, rgb[3], &err) == -1);
 out:
     lp_sd_weights_free(w);
+    lp_sd_weights_free(w8);
     lp_clip_tokenizer_free(tok);
     unlink(path);
     return check_summary("test_sd_pipeline");

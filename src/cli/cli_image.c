@@ -105,6 +105,8 @@ static void image_usage(FILE *f) {
             "                       safetensors), at SCALE (default 1); up to 8, applied in order\n"
             "  --image-lora B=PATH[:SCALE]  an adapter for image B only (0-based), after the --lora ones\n"
             "  --merges FILE        CLIP merge list (default: sd/clip-bpe-merges.txt in shared/models)\n"
+            "  --precision P        f32 (default), w8a16 (int8 weights per output channel, float\n"
+            "                       activations) or w8a8 (int8 activations per pixel too)\n"
             "  -t, --threads N      threads (default: the cores)\n"
             "  -o, --output PATH    the PNG to write (several images: PATH with -0, -1, ... before .png)\n");
 }
@@ -178,6 +180,7 @@ int cli_image(int argc, char **argv) {
     long batch = 0;
     long width = 512, height = 512, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
     double cfg = 7.5;
+    int precision = 0; /* 0 f32, 1 w8a16, 2 w8a8 */
     int sampler = LP_SD_SAMPLER_EULER, scheduler = LP_SD_SCHED_DISCRETE;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -228,6 +231,14 @@ int cli_image(int argc, char **argv) {
                 fprintf(stderr, "loraplex image: --sampler %s: euler, euler_a, ddim, dpm++2m or lcm\n", v);
                 return 2;
             }
+        } else if (!strcmp(a, "--precision")) {
+            if (!strcmp(v, "f32")) precision = 0;
+            else if (!strcmp(v, "w8a16")) precision = 1;
+            else if (!strcmp(v, "w8a8")) precision = 2;
+            else {
+                fprintf(stderr, "loraplex image: --precision %s: f32, w8a16 or w8a8\n", v);
+                return 2;
+            }
         } else if (!strcmp(a, "--scheduler")) {
             if ((scheduler = lp_sd_scheduler_parse(v)) < 0) {
                 fprintf(stderr, "loraplex image: --scheduler %s: discrete or karras\n", v);
@@ -266,12 +277,17 @@ int cli_image(int argc, char **argv) {
         cli_fail("model", &err);
         goto done;
     }
-    w = lp_sd_weights_create(m, &err);
+    w = lp_sd_weights_create(m, precision ? LP_W8 : LP_F32, &err);
     lp_sd_model_free(m); /* the weights are converted copies */
     if (!w) {
         cli_fail("model", &err);
         goto done;
     }
+    static const char *const precision_name[] = {"f32", "w8a16", "w8a8"};
+    int64_t f32_bytes, w8_bytes;
+    lp_sd_weights_bytes(w, &f32_bytes, &w8_bytes);
+    fprintf(stderr, "loraplex image: %s weights, %lld MB int8 + %lld MB f32\n", precision_name[precision],
+            (long long)(w8_bytes >> 20), (long long)(f32_bytes >> 20));
     int B = batch ? (int)batch : n_prompts;
     for (int i = 0; i < n_lora; i++)
         if (load_lora(lora_arg[i], lp_sd_weights_config(w), &uses.use[uses.n++], &err)) {
@@ -333,7 +349,7 @@ int cli_image(int argc, char **argv) {
                            .negative = negative, .width = (int)width, .height = (int)height,
                            .steps = (int)steps, .cfg = (float)cfg, .sampler = sampler, .scheduler = scheduler,
                            .seed = (uint64_t)seed, .clip_skip = (int)clip_skip, .n_threads = (int)threads,
-                           .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr};
+                           .int8_activations = precision == 2, .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr};
     if (lp_sd_generate(w, tok, &gp, lat, rgb, &err)) {
         cli_fail("image", &err);
         goto done;

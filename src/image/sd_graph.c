@@ -44,10 +44,13 @@ typedef struct vop { vop_kind kind; int32_t lvl, i; } vop; /* lvl: 0 = latent si
 struct lp_sd_weights {
     lp_sd_config cfg;
     lp_sd_targets targets;
-    float *arena;
-    int64_t n_tensors;
+    uint32_t wtype;   /* LP_F32 or LP_W8 (lp_sd_weights_create) */
+    float *arena;     /* every f32 tensor */
+    uint8_t *packed;  /* the LP_W8 matrices */
+    int64_t n_tensors, max_cols, f32_bytes, w8_bytes;
     lp_sd_tensor_desc *desc;
-    float **data;
+    void **data;      /* tensor i: floats, or LP_W8 panels when is_w8[i] */
+    bool *is_w8;
     /* text encoder */
     const float *tok, *pos;
     te_layer *te;
@@ -73,17 +76,54 @@ typedef struct conv_ctx {
     const lp_safetensors *st;
     const lp_sd_model *m;
     lp_sd_weights *w;
-    int64_t at, floats;
+    int64_t at, floats, bytes;
     lp_error *err;
 } conv_ctx;
 
-static int count_floats(void *ctx, const lp_sd_tensor_desc *t) {
+/* Under LP_W8, which tensors become int8 matrices (one scale per output
+ * channel): every linear and conv weight whose columns are a multiple of
+ * 32 and that has 16 rows or more. That leaves in f32 exactly the convs of
+ * the image's own channels (the UNet's and the VAE's first and last, their
+ * quant convs: 3, 4 or 8 wide, under 0.1% of the weights, and where error
+ * enters or leaves the latent) and the text encoder's embedding tables,
+ * which are looked up, not multiplied. */
+static bool w8_matrix(const lp_sd_weights *w, const lp_sd_tensor_desc *t, int64_t *rows, int64_t *cols) {
+    size_t n = strlen(t->name);
+    if (w->wtype != LP_W8 || (t->n_dims != 2 && t->n_dims != 4) || n < 7 || strcmp(t->name + n - 7, ".weight") ||
+        strstr(t->name, "embedding"))
+        return false;
+    *rows = t->shape[0];
+    *cols = t->n_dims == 2 ? t->shape[1] : t->shape[1] * t->shape[2] * t->shape[3];
+    return *cols % 32 == 0 && *rows >= 16;
+}
+
+static int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+
+static int count_sizes(void *ctx, const lp_sd_tensor_desc *t) {
     conv_ctx *c = ctx;
-    int64_t n = 1;
+    int64_t n = 1, rows, cols;
     for (int i = 0; i < t->n_dims; i++) n *= t->shape[i];
-    c->floats += (n + 15) & ~(int64_t)15;
+    if (w8_matrix(c->w, t, &rows, &cols)) {
+        c->bytes += (int64_t)((lp_pack_bytes(LP_W8, rows, cols, (int)cols) + 63) & ~(size_t)63);
+        if (cols > c->w->max_cols) c->w->max_cols = cols;
+    } else {
+        c->floats += round16(n);
+    }
     c->at++;
     return 0;
+}
+
+/* st as f32 in dst, conv kernels repacked to lp_conv2d's column order */
+static int to_f32(const lp_st_tensor *st, const lp_sd_tensor_desc *t, float *dst, lp_error *err) {
+    if (t->n_dims == 4 && (t->shape[2] > 1 || t->shape[3] > 1)) {
+        float *tmp = malloc(st->n_elements * sizeof(float));
+        if (!tmp) return lp_error_set(err, LP_ERR_NOMEM, "out of memory converting %s", t->name);
+        int rc = lp_st_to_f32(st, tmp, err);
+        if (!rc) lp_conv_weight_repack(tmp, t->shape[0], t->shape[1], t->shape[2], t->shape[3], dst);
+        free(tmp);
+        return rc;
+    }
+    return lp_st_to_f32(st, dst, err);
 }
 
 static int convert_one(void *ctx, const lp_sd_tensor_desc *t) {
@@ -91,45 +131,61 @@ static int convert_one(void *ctx, const lp_sd_tensor_desc *t) {
     lp_sd_weights *w = c->w;
     const lp_st_tensor *st = lp_sd_model_tensor(c->m, t->name);
     if (!st) return lp_fail(c->err, "no tensor %s", t->name);
-    float *dst = w->arena + c->floats;
-    w->desc[c->at] = *t;
-    w->data[c->at] = dst;
-    c->at++;
-    c->floats += ((int64_t)st->n_elements + 15) & ~(int64_t)15;
-    if (t->n_dims == 4 && (t->shape[2] > 1 || t->shape[3] > 1)) {
-        float *tmp = malloc(st->n_elements * sizeof(float));
-        if (!tmp) return lp_error_set(c->err, LP_ERR_NOMEM, "out of memory converting %s", t->name);
-        int rc = lp_st_to_f32(st, tmp, c->err);
-        if (!rc) lp_conv_weight_repack(tmp, t->shape[0], t->shape[1], t->shape[2], t->shape[3], dst);
-        free(tmp);
-        return rc;
+    int64_t rows, cols, i = c->at++;
+    w->desc[i] = *t;
+    if (!w8_matrix(w, t, &rows, &cols)) {
+        w->data[i] = w->arena + c->floats;
+        c->floats += round16((int64_t)st->n_elements);
+        return to_f32(st, t, w->data[i], c->err);
     }
-    return lp_st_to_f32(st, dst, c->err);
+    size_t nb = lp_pack_bytes(LP_W8, rows, cols, (int)cols);
+    float *tmp = malloc(st->n_elements * sizeof(float));
+    if (!tmp) return lp_error_set(c->err, LP_ERR_NOMEM, "out of memory converting %s", t->name);
+    w->data[i] = w->packed + c->bytes;
+    w->is_w8[i] = true;
+    c->bytes += (int64_t)((nb + 63) & ~(size_t)63);
+    int rc = to_f32(st, t, tmp, c->err);
+    if (!rc && lp_pack_weight(LP_W8, (int)cols, tmp, rows, cols, w->data[i]))
+        rc = lp_fail(c->err, "cannot pack %s as int8", t->name);
+    free(tmp);
+    return rc;
 }
 
+static int64_t find(const lp_sd_weights *w, const char *name) {
+    for (int64_t i = 0; i < w->n_tensors; i++)
+        if (!strcmp(w->desc[i].name, name)) return i;
+    return -1; /* the loader checked the layout: only a bug gets here */
+}
+
+/* an f32 tensor (norms, biases, embeddings) */
 __attribute__((format(printf, 2, 3))) static const float *W(const lp_sd_weights *w, const char *fmt, ...) {
     char name[160];
     va_list ap;
     va_start(ap, fmt);
     vsnprintf(name, sizeof name, fmt, ap);
     va_end(ap);
-    for (int64_t i = 0; i < w->n_tensors; i++)
-        if (!strcmp(w->desc[i].name, name)) return w->data[i];
-    return NULL; /* the loader checked the layout: only a bug gets here */
+    int64_t i = find(w, name);
+    return i < 0 || w->is_w8[i] ? NULL : w->data[i];
+}
+
+/* p.weight as a rows x cols matrix, f32 or int8 */
+static lp_weight matrix(const lp_sd_weights *w, const char *p, int64_t rows, int64_t cols) {
+    char name[160];
+    snprintf(name, sizeof name, "%s.weight", p);
+    int64_t i = find(w, name);
+    if (i >= 0 && w->is_w8[i]) return lp_packed_weight(LP_W8, (int)cols, rows, cols, w->data[i]);
+    return (lp_weight){.type = LP_F32, .rows = rows, .cols = cols, .row_bytes = (size_t)cols * 4,
+                       .data = i < 0 ? NULL : w->data[i]};
 }
 
 static lin mk_lin(const lp_sd_weights *w, const char *p, int64_t out, int64_t in, bool bias) {
-    const float *d = W(w, "%s.weight", p);
-    return (lin){.w = {.type = LP_F32, .rows = out, .cols = in, .row_bytes = (size_t)in * 4, .data = d},
-                 .b = bias ? W(w, "%s.bias", p) : NULL, .id = lp_sd_target_find(&w->targets, p)};
+    return (lin){.w = matrix(w, p, out, in), .b = bias ? W(w, "%s.bias", p) : NULL,
+                 .id = lp_sd_target_find(&w->targets, p)};
 }
 
 static cnv mk_conv(const lp_sd_weights *w, const char *p, int32_t cout, int32_t cin, int32_t k, int32_t stride) {
-    int64_t cols = (int64_t)k * k * cin;
-    return (cnv){.w = {.type = LP_F32, .rows = cout, .cols = cols, .row_bytes = (size_t)cols * 4,
-                       .data = W(w, "%s.weight", p)},
-                 .b = W(w, "%s.bias", p), .cin = cin, .cout = cout, .k = k, .stride = stride,
-                 .id = lp_sd_target_find(&w->targets, p)};
+    return (cnv){.w = matrix(w, p, cout, (int64_t)k * k * cin), .b = W(w, "%s.bias", p), .cin = cin, .cout = cout,
+                 .k = k, .stride = stride, .id = lp_sd_target_find(&w->targets, p)};
 }
 
 static nrm mk_norm(const lp_sd_weights *w, const char *p) {
@@ -323,22 +379,29 @@ static void build_vae_decoder(lp_sd_weights *w) {
     w->d_out = mk_conv(w, cat2(p, D, "conv_out"), c->vae_img, cur, 3, 1);
 }
 
-lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err) {
+lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, lp_error *err) {
     const lp_sd_config *c = lp_sd_model_config(m);
+    if (weight_type != LP_F32 && weight_type != LP_W8)
+        return lp_fail(err, "SD weights: type %u (f32 or w8)", (unsigned)weight_type), NULL;
     if (c->unet_levels * (c->unet_res_blocks + 2) * 2 + 2 > MAX_RES || c->vae_levels * (c->vae_res_blocks + 1) + 2 > MAX_RES ||
         c->unet_levels * (c->unet_res_blocks * 2 + 1) + 1 > MAX_XF)
         return lp_fail(err, "SD model too deep for this build"), NULL;
     lp_sd_weights *w = calloc(1, sizeof *w);
     if (!w) return lp_error_set(err, LP_ERR_NOMEM, "out of memory"), NULL;
     w->cfg = *c;
+    w->wtype = weight_type;
     conv_ctx k = {.m = m, .w = w, .err = err};
-    lp_sd_layout(c, count_floats, &k);
+    lp_sd_layout(c, count_sizes, &k);
     w->n_tensors = k.at;
+    w->f32_bytes = k.floats * (int64_t)sizeof(float);
+    w->w8_bytes = k.bytes;
     w->arena = lp_alloc_uninit((size_t)k.floats * sizeof(float));
+    w->packed = k.bytes ? lp_alloc_uninit((size_t)k.bytes) : NULL;
     w->desc = malloc((size_t)k.at * sizeof *w->desc);
     w->data = malloc((size_t)k.at * sizeof *w->data);
+    w->is_w8 = calloc((size_t)k.at, sizeof *w->is_w8);
     w->te = calloc((size_t)c->te_layers, sizeof *w->te);
-    if (!w->arena || !w->desc || !w->data || !w->te) {
+    if (!w->arena || (k.bytes && !w->packed) || !w->desc || !w->data || !w->is_w8 || !w->te) {
         lp_sd_weights_free(w);
         return lp_error_set(err, LP_ERR_NOMEM, "out of memory for %lld weights", (long long)k.floats), NULL;
     }
@@ -348,6 +411,7 @@ lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err) {
     }
     k.at = 0;
     k.floats = 0;
+    k.bytes = 0;
     if (lp_sd_layout(c, convert_one, &k)) {
         lp_sd_weights_free(w);
         return NULL;
@@ -361,12 +425,18 @@ lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err) {
 void lp_sd_weights_free(lp_sd_weights *w) {
     if (!w) return;
     lp_free(w->arena);
-    free(w->desc), free(w->data), free(w->te);
+    lp_free(w->packed);
+    free(w->desc), free(w->data), free(w->is_w8), free(w->te);
     lp_sd_targets_free(&w->targets);
     free(w);
 }
 
 const lp_sd_config *lp_sd_weights_config(const lp_sd_weights *w) { return &w->cfg; }
+
+void lp_sd_weights_bytes(const lp_sd_weights *w, int64_t *f32_bytes, int64_t *w8_bytes) {
+    *f32_bytes = w->f32_bytes;
+    *w8_bytes = w->w8_bytes;
+}
 
 /* ---- the graph's buffers ------------------------------------------------------------------------- */
 
@@ -413,8 +483,14 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     lp_kernels_init(&g->k, &cpu);
+    g->k.int8_activations = false; /* W8A16 until lp_sd_graph_set_int8_activations */
     if (n_threads > 1 && !(g->pool = lp_threadpool_create(n_threads, err))) {
         free(g);
+        return NULL;
+    }
+    /* int8 activations in slices of up to 512 rows (a conv tile is 256) */
+    if (w->max_cols && lp_kernels_reserve(&g->k, 512, w->max_cols, err)) {
+        lp_sd_graph_free(g);
         return NULL;
     }
     /* sizes from the op lists */
@@ -489,6 +565,8 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
     }
     return g;
 }
+
+void lp_sd_graph_set_int8_activations(lp_sd_graph *g, bool on) { g->k.int8_activations = on; }
 
 void lp_sd_graph_free(lp_sd_graph *g) {
     if (!g) return;

@@ -2,23 +2,31 @@
  * the CLIP text encoder, the UNet (one denoising step for a batch of
  * latents, each row its own timestep and context) and the VAE decoder.
  *
- * lp_sd_weights converts a loaded checkpoint to f32 once (conv kernels
- * repacked to lp_conv2d's column order). lp_sd_graph plans every
+ * lp_sd_weights converts a loaded checkpoint once (conv kernels repacked
+ * to lp_conv2d's column order), to f32 or with int8 matrices. lp_sd_graph plans every
  * activation buffer once for a batch and latent size; the calls allocate
  * nothing. Activations are channels last (image_ops.h). */
 #ifndef LP_IMAGE_SD_GRAPH_H
 #define LP_IMAGE_SD_GRAPH_H
 
+#include <stdbool.h>
 #include <stdint.h>
 
 #include "../base/base.h"
+#include "../base/dtype.h"
 #include "sd.h"
 #include "sd_lora.h"
 
 typedef struct lp_sd_weights lp_sd_weights;
-lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, lp_error *err);
+/* weight_type LP_F32, or LP_W8: every linear and conv weight with columns
+ * a multiple of 32 and 16 rows or more becomes int8 with one scale per
+ * output channel (all but the convs of the image's own 3-8 channels and the
+ * embedding tables; sd_graph.c says why); the rest stays f32. */
+lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, lp_error *err);
 void lp_sd_weights_free(lp_sd_weights *w);
 const lp_sd_config *lp_sd_weights_config(const lp_sd_weights *w);
+/* Bytes the weights hold in f32 and in int8 matrices (scales included). */
+void lp_sd_weights_bytes(const lp_sd_weights *w, int64_t *f32_bytes, int64_t *w8_bytes);
 
 typedef struct lp_sd_graph lp_sd_graph;
 /* Buffers for up to max_batch rows of lat_h x lat_w latents (multiples of
@@ -26,6 +34,10 @@ typedef struct lp_sd_graph lp_sd_graph;
 lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h, int lat_w, int n_threads,
                                 lp_error *err);
 void lp_sd_graph_free(lp_sd_graph *g);
+/* LP_W8 weights: activations quantized to int8 per row (W8A8, integer dot
+ * products) when on, else kept in float against dequantized weights
+ * (W8A16; the default). No effect on f32 weights. */
+void lp_sd_graph_set_int8_activations(lp_sd_graph *g, bool on);
 
 /* The adapters of batch rows 0..n-1 (row i of every later call: text
  * encoder, UNet) until the next call; n = 0: none. Adapters are read, not

@@ -99,6 +99,7 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     int64_t npix = (int64_t)p->width * p->height;
     lp_sd_graph *g = lp_sd_graph_create(w, rows, lh, lw, p->n_threads, err);
     if (!g) return -1;
+    lp_sd_graph_set_int8_activations(g, p->int8_activations);
     lp_sd_schedule *sched = malloc(sizeof *sched);
     int32_t *ids = malloc(sizeof(int32_t) * (size_t)(rows * T));
     float *ctx = malloc(sizeof(float) * (size_t)(rows * T * c->te_dim));

@@ -24,6 +24,7 @@ typedef struct lp_sd_gen_params {
     uint64_t seed;
     int clip_skip;                 /* 1: the last layer */
     int n_threads;
+    bool int8_activations;         /* LP_W8 weights: W8A8 (else W8A16) */
     const float *noise;            /* NULL, or the initial noise [4][h/8][w/8] */
     lp_sd_row_loras loras;         /* adapters of both guidance rows (runtime inputs) */
     /* batch > 1: that many images in one UNet batch (2 rows each with
