@@ -5,7 +5,8 @@
 # latent written by one run fed as another's noise changes the result), and
 # clear errors for a wrong noise size, a bad sampler and a missing model;
 # --lora (runtime LoRAs, scales, a textual-inversion token), a batch of two
-# images with different adapters == each alone; --precision w8a16 / w8a8.
+# images with different adapters == each alone; --precision w8a16 / w8a8;
+# loraplex compile of the checkpoint and image on the compiled file.
 set -u
 bin="$1"; models="$2"; work="$3/cli_image_tmp"
 mkdir -p "$work"
@@ -42,6 +43,21 @@ done
 ! cmp -s "$work/w8a16.lat" "$work/w8a8.lat" && ok || bad "w8a8 is w8a16"
 run --precision int4 -o "$work/f.png"; rc=$?
 [ $rc -eq 2 ] && grep -q "f32, w8a16 or w8a8" "$work/err" && ok || bad "bad precision: rc=$rc $(cat "$work/err")"
+
+# loraplex compile: the memory-mapped file gives the converted checkpoint's latents bit for bit (q8 with
+# its default w8a8 and with w8a16; f32); it refuses a precision its weights do not have, and 4-bit weights
+"$bin" compile "$m" -o "$work/t8.lpx" >"$work/out" 2>"$work/err" && grep -q "q8 per output channel" "$work/out" && ok || bad "compile q8: $(cat "$work/err" "$work/out")"
+"$bin" compile "$m" --weights f32 -o "$work/t32.lpx" >"$work/out" 2>"$work/err" && ok || bad "compile f32: $(cat "$work/err")"
+run --seed 3 -m "$work/t8.lpx" -o "$work/c8.png" --latents-out "$work/c8.lat" && cmp -s "$work/c8.lat" "$work/w8a8.lat" && ok || bad "compiled q8 != --precision w8a8: $(cat "$work/err")"
+run --seed 3 -m "$work/t8.lpx" --precision w8a16 -o "$work/c16.png" --latents-out "$work/c16.lat" && cmp -s "$work/c16.lat" "$work/w8a16.lat" && ok || bad "compiled q8 w8a16 != --precision w8a16"
+run --seed 3 -m "$work/t32.lpx" -o "$work/c32.png" --latents-out "$work/c32.lat" && cmp -s "$work/c32.lat" "$work/a.lat" && ok || bad "compiled f32 != f32: $(cat "$work/err")"
+run -m "$work/t8.lpx" --precision f32 -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "holds int8 weights" "$work/err" && ok || bad "f32 on a q8 file: rc=$rc $(cat "$work/err")"
+"$bin" compile "$m" --weights q4 -o "$work/t4.lpx" 2>"$work/err"; rc=$?
+[ $rc -eq 2 ] && grep -q "q8 or f32" "$work/err" && ok || bad "compile q4: rc=$rc $(cat "$work/err")"
+head -c 5000 "$work/t8.lpx" > "$work/cut.lpx"
+run -m "$work/cut.lpx" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "cut.lpx: header says" "$work/err" && ok || bad "truncated compiled file: rc=$rc $(cat "$work/err")"
 
 # LoRAs as runtime inputs: a Kohya file (every linear and conv) changes the image, at scale 0 it is the
 # base bit for bit; a cloneofsimo file's token "<s1>" in the prompt changes the text; a file for SD 1.5

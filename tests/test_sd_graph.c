@@ -5,7 +5,8 @@
  * and without clip skip), one UNet step on a batch of two rows with
  * different timesteps and contexts, the VAE decoder; on one thread and on
  * a pool; in f32, and with int8 weights (W8A16, W8A8) against the same
- * forward over weights (and activations) quantized as the graph's are. */
+ * forward over weights (and activations) quantized as the graph's are;
+ * the compiled file round trip and its damaged copies. */
 #include "check.h"
 #include "formats/safetensors.h"
 #include "image/sd.h"
@@ -549,6 +550,97 @@ static void run_case(const lp_sd_model *m, const lp_sd_weights *w, int threads, 
     lp_sd_graph_free(g);
 }
 
+/* one UNet step of a and b on the same input: equal bits */
+static bool same_unet(const lp_sd_weights *a, const lp_sd_weights *b, bool int8_acts) {
+    const lp_sd_config *c = lp_sd_weights_config(a);
+    lp_error err = {0};
+    lp_sd_graph *ga = lp_sd_graph_create(a, 1, 4, 4, 1, &err), *gb = lp_sd_graph_create(b, 1, 4, 4, 1, &err);
+    bool same = false;
+    if (ga && gb) {
+        lp_sd_graph_set_int8_activations(ga, int8_acts);
+        lp_sd_graph_set_int8_activations(gb, int8_acts);
+        int64_t n = 16 * c->unet_in, nc = 77 * (int64_t)c->te_dim;
+        float *x = malloc(sizeof(float) * (size_t)(2 * n + 2 * nc)), *ya = x + n, *ctx = ya + n, *yb = ctx + nc;
+        lp_rng r;
+        lp_rng_seed(&r, 5);
+        for (int64_t i = 0; i < n; i++) x[i] = lp_rng_normal(&r);
+        for (int64_t i = 0; i < nc; i++) ctx[i] = lp_rng_normal(&r);
+        float t = 400;
+        same = !lp_sd_unet(ga, x, &t, ctx, 1, ya, &err) && !lp_sd_unet(gb, x, &t, ctx, 1, yb, &err) &&
+               !memcmp(ya, yb, sizeof(float) * (size_t)n);
+        free(x);
+    }
+    lp_sd_graph_free(ga);
+    lp_sd_graph_free(gb);
+    return same;
+}
+
+/* the compiled file (sd_compiled.h): saved and mapped back it runs as the converted weights, bit for bit;
+ * damaged copies are refused with the field named */
+static void test_compiled(const lp_sd_weights *w, const lp_sd_weights *w8) {
+    char path[] = "/tmp/lp_sd_compiled_XXXXXX";
+    close(mkstemp(path));
+    lp_error err = {0};
+    const lp_sd_weights *src[2] = {w, w8};
+    for (int k = 0; k < 2; k++) {
+        CHECK(lp_sd_weights_save(src[k], k == 1, path, &err) == 0);
+        lp_sd_weights *o = lp_sd_weights_open(path, &err);
+        CHECK_MSG(o != NULL, "%s", err.message);
+        if (!o) continue;
+        CHECK(lp_sd_weights_type(o) == (k ? LP_W8 : LP_F32) && lp_sd_weights_int8_activations(o) == (k == 1));
+        int64_t f1, i1, f2, i2;
+        lp_sd_weights_bytes(src[k], &f1, &i1);
+        lp_sd_weights_bytes(o, &f2, &i2);
+        CHECK(f1 == f2 && i1 == i2);
+        CHECK_MSG(same_unet(src[k], o, k == 1), "compiled %s != converted", k ? "w8" : "f32");
+        lp_sd_weights_free(o);
+    }
+    /* damage the w8 file's bytes one field at a time (an aligned copy in memory) */
+    FILE *f = fopen(path, "rb");
+    fseek(f, 0, SEEK_END);
+    size_t size = (size_t)ftell(f);
+    fseek(f, 0, SEEK_SET);
+    uint8_t *good = lp_alloc(size), *bad = lp_alloc(size);
+    CHECK(fread(good, 1, size, f) == size);
+    fclose(f);
+    lp_sd_weights *ok = lp_sd_weights_open_memory(good, size, "x.lpx", &err);
+    CHECK_MSG(ok != NULL, "%s", err.message);
+    lp_sd_weights_free(ok);
+    struct { size_t at; uint8_t v; size_t cut; const char *needle; } cases[] = {
+        {0, 'X', 0, "not a compiled SD model"},
+        {4, 2, 0, "version 2"},
+        {0, 0, 100, "no LPS1 header"},
+        {0, 0, 4096, "header says"},
+        {20, 7, 0, "weight type 7"},
+        {24, 5, 0, "activations 5"},
+        {32 + 4 * 2, 33, 0, "configuration"},        /* te_dim 33: not a multiple of the heads */
+        {32 + 4 * 3, 3, 0, "tensors, the configuration has"}, /* te_layers 3 */
+        {16, 1, 0, "tensors, the configuration has"},
+        {300, 1, 0, "reserved"},
+        {512 + 8, 9, 0, "shape"},                    /* tensor 0's rows */
+        {512, 65, 0, "type or group"},
+        {512 + 32, 1, 0, "size"},
+        {512 + 64 + 24, 0, 0, "offset"},             /* tensor 1 onto the table (all 8 bytes, below) */
+        {512 + 50, 1, 0, "reserved bytes"},
+    };
+    for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+        memcpy(bad, good, size);
+        size_t n = size;
+        if (cases[i].cut) n = cases[i].cut;
+        else if (cases[i].at == 512 + 64 + 24) memset(bad + cases[i].at, 0, 8);
+        else bad[cases[i].at] = cases[i].v;
+        lp_sd_weights *x = lp_sd_weights_open_memory(bad, n, "x.lpx", &err);
+        CHECK_MSG(x == NULL && strstr(err.message, cases[i].needle) && strstr(err.message, "x.lpx"),
+                  "case %zu: %s", i, x ? "accepted" : err.message);
+        lp_sd_weights_free(x);
+    }
+    /* the last tensor's extent past the end */
+    memcpy(bad, good, size);
+    CHECK(lp_sd_weights_open_memory(bad, size - 1, "x.lpx", &err) == NULL);
+    lp_free(good), lp_free(bad);
+    unlink(path);
+}
+
 int main(void) {
     char path[] = "/tmp/lp_sd_graph_XXXXXX";
     int fd = mkstemp(path);
@@ -585,6 +677,7 @@ int main(void) {
         CHECK_MSG(i8_8 > (f32 - f32_8) / 4 && i8_8 < (f32 - f32_8) / 4 * 1.1, "int8 %lld bytes for %lld f32 bytes",
                   (long long)i8_8, (long long)(f32 - f32_8));
         CHECK(lp_sd_weights_create(m, LP_F16, &err) == NULL && strstr(err.message, "f32 or w8"));
+        test_compiled(w, w8);
     }
     lp_sd_weights_free(w8);
     lp_sd_weights_free(w);

@@ -28,6 +28,8 @@ int cli_quad(int argc, char **argv);
 bool cli_is_image_preset(const char *name);
 int cli_synth_image(int argc, char **argv);
 int cli_image(int argc, char **argv);
+/* loraplex compile of an SD checkpoint: weights LP_W8 or LP_F32 */
+int cli_image_compile(const char *in, const char *out, uint32_t weight_type, bool int8_activations);
 
 /* The demo world's folder (models/demo: base.gguf and the adapters folder of .lpa files):
  * LORAPLEX_DEMO_DIR, else models/demo beside the executable or above it,

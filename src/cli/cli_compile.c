@@ -18,7 +18,9 @@ static void compile_usage(FILE *out) {
     fprintf(out,
             "usage: loraplex compile IN -o OUT.lpx [--weights q4|q4c|q8|f16|f32] [options]\n"
             "IN: a GGUF file (F32/F16/BF16/Q8_0/Q4_0/K-quants), a Hugging Face directory,\n"
-            "    a llama2.c checkpoint or another .lpx file\n"
+            "    a llama2.c checkpoint or another .lpx file; or an SD 1.x single-file\n"
+            "    .safetensors checkpoint (--weights q8 (default) or f32; --acts the default\n"
+            "    activations of loraplex image on it)\n"
             "options:\n"
             "  --weights T     q4: int4 group-wise (W4), q4c: int4 codebook with 8-bit log\n"
             "                  scales (W4C: 4.25 bits per weight, lower KL than q4),\n"
@@ -101,6 +103,7 @@ static double file_mb(const char *path) {
 int cli_compile(int argc, char **argv) {
     const char *in = NULL, *out = NULL, *tokenizer = NULL;
     lp_compile_params p = {.weight_type = LP_W4C};
+    bool weights_given = false;
     progress_state ps = {.tty = isatty(2) != 0, .last_decile = -1};
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i];
@@ -113,6 +116,7 @@ int cli_compile(int argc, char **argv) {
         } else if (!strcmp(a, "--weights")) {
             const char *t = cli_value(argc, argv, &i);
             if (!t || !parse_weights(t, &p.weight_type)) return 2;
+            weights_given = true;
         } else if (!strcmp(a, "--group")) {
             const char *t = cli_value(argc, argv, &i);
             if (!t || !cli_int("--group", t, 32, 1 << 20, &v)) return 2;
@@ -151,6 +155,16 @@ int cli_compile(int argc, char **argv) {
     if (!in || !out) {
         compile_usage(stderr);
         return 2;
+    }
+    /* an SD single-file checkpoint: the image pipeline's own compiled form */
+    size_t len = strlen(in);
+    struct stat st;
+    if (len > 12 && !strcmp(in + len - 12, ".safetensors") && stat(in, &st) == 0 && S_ISREG(st.st_mode)) {
+        if (weights_given && p.weight_type != LP_W8 && p.weight_type != LP_F32) {
+            fprintf(stderr, "loraplex compile: an SD checkpoint compiles to --weights q8 or f32\n");
+            return 2;
+        }
+        return cli_image_compile(in, out, weights_given ? p.weight_type : LP_W8, !p.float_acts);
     }
     p.progress = on_progress;
     p.note = on_note;

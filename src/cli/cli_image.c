@@ -9,6 +9,7 @@
 
 #include "cli.h"
 #include "image/sd.h"
+#include "image/sd_compiled.h"
 #include "image/sd_pipeline.h"
 #include "tools/png.h"
 #include "tools/sd_lora_synth.h"
@@ -88,7 +89,8 @@ int cli_synth_image(int argc, char **argv) {
 static void image_usage(FILE *f) {
     fprintf(f,
             "usage: loraplex image -m MODEL.safetensors -p PROMPT [options] -o OUT.png\n"
-            "  -m, --model PATH     SD 1.x single-file checkpoint (F32/F16/BF16 safetensors)\n"
+            "  -m, --model PATH     SD 1.x single-file checkpoint (F32/F16/BF16 safetensors), or\n"
+            "                       one compiled by loraplex compile (memory-mapped)\n"
             "  -p, --prompt TEXT    the prompt; several -p: one image each, in one batch\n"
             "  --batch N            N images in one UNet batch (prompts in turn; image b: seed + b)\n"
             "  -n, --negative TEXT  the negative prompt (default empty)\n"
@@ -106,7 +108,8 @@ static void image_usage(FILE *f) {
             "  --image-lora B=PATH[:SCALE]  an adapter for image B only (0-based), after the --lora ones\n"
             "  --merges FILE        CLIP merge list (default: sd/clip-bpe-merges.txt in shared/models)\n"
             "  --precision P        f32 (default), w8a16 (int8 weights per output channel, float\n"
-            "                       activations) or w8a8 (int8 activations per pixel too)\n"
+            "                       activations) or w8a8 (int8 activations per pixel too);\n"
+            "                       a compiled model: its weights' (default: as compiled)\n"
             "  -t, --threads N      threads (default: the cores)\n"
             "  -o, --output PATH    the PNG to write (several images: PATH with -0, -1, ... before .png)\n");
 }
@@ -165,6 +168,41 @@ static int load_lora(const char *arg, const lp_sd_config *c, lp_sd_lora_use *out
     return 0;
 }
 
+/* whether path starts like a compiled SD model (sd_compiled.h) */
+static bool is_compiled(const char *path) {
+    FILE *f = fopen(path, "rb");
+    char magic[4] = {0};
+    bool yes = f && fread(magic, 1, 4, f) == 4 && lp_sd_compiled_magic(magic, 4);
+    if (f) fclose(f);
+    return yes;
+}
+
+int cli_image_compile(const char *in, const char *out, uint32_t weight_type, bool int8_activations) {
+    lp_error err = {0};
+    double t0 = lp_now_seconds();
+    lp_sd_model *m = lp_sd_model_load(in, &err);
+    lp_sd_weights *w = m ? lp_sd_weights_create(m, weight_type, &err) : NULL;
+    lp_sd_model_free(m);
+    if (!w) return cli_fail("compile", &err);
+    double t1 = lp_now_seconds();
+    int rc = lp_sd_weights_save(w, int8_activations, out, &err);
+    double t2 = lp_now_seconds();
+    int64_t f32_bytes, w8_bytes;
+    lp_sd_weights_bytes(w, &f32_bytes, &w8_bytes);
+    lp_sd_weights_free(w);
+    if (rc) return cli_fail("compile", &err);
+    lp_sd_weights *c = lp_sd_weights_open(out, &err);
+    double t3 = lp_now_seconds();
+    if (!c) return cli_fail("compile: reloading the output", &err);
+    lp_sd_weights_free(c);
+    printf("compiled %s -> %s (SD 1.x)\n", in, out);
+    printf("  weights %s: %lld MB int8 + %lld MB f32, activations %s by default\n",
+           weight_type == LP_W8 ? "q8 per output channel" : "f32", (long long)(w8_bytes >> 20),
+           (long long)(f32_bytes >> 20), int8_activations ? "int8 (w8a8)" : "float (w8a16)");
+    printf("  convert %.1f s, write %.1f s, load output %.1f ms\n", t1 - t0, t2 - t1, (t3 - t2) * 1e3);
+    return 0;
+}
+
 /* image b's file: OUT itself for one image, else OUT with -b before its extension */
 static void image_path(const char *out, int b, int n, char *buf, size_t cap) {
     const char *dot = strrchr(out, '.'), *slash = strrchr(out, '/');
@@ -180,7 +218,7 @@ int cli_image(int argc, char **argv) {
     long batch = 0;
     long width = 512, height = 512, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
     double cfg = 7.5;
-    int precision = 0; /* 0 f32, 1 w8a16, 2 w8a8 */
+    int precision = -1; /* 0 f32, 1 w8a16, 2 w8a8; -1: f32, or a compiled file's own */
     int sampler = LP_SD_SAMPLER_EULER, scheduler = LP_SD_SCHED_DISCRETE;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v = NULL;
@@ -272,16 +310,31 @@ int cli_image(int argc, char **argv) {
     int n_owned = 0;
     lp_clip_tokenizer *tok = lp_clip_tokenizer_load(merges, &err);
     if (!tok) return cli_fail("tokenizer", &err);
-    lp_sd_model *m = lp_sd_model_load(model, &err);
-    if (!m) {
-        cli_fail("model", &err);
-        goto done;
-    }
-    w = lp_sd_weights_create(m, precision ? LP_W8 : LP_F32, &err);
-    lp_sd_model_free(m); /* the weights are converted copies */
-    if (!w) {
-        cli_fail("model", &err);
-        goto done;
+    if (is_compiled(model)) {
+        if (!(w = lp_sd_weights_open(model, &err))) {
+            cli_fail("model", &err);
+            goto done;
+        }
+        bool w8 = lp_sd_weights_type(w) == LP_W8;
+        if (precision < 0) precision = !w8 ? 0 : lp_sd_weights_int8_activations(w) ? 2 : 1;
+        if (w8 != (precision > 0)) {
+            fprintf(stderr, "loraplex image: %s holds %s weights: --precision %s\n", model, w8 ? "int8" : "f32",
+                    w8 ? "w8a16 or w8a8" : "f32 (compile it with --weights q8 for int8)");
+            goto done;
+        }
+    } else {
+        if (precision < 0) precision = 0;
+        lp_sd_model *m = lp_sd_model_load(model, &err);
+        if (!m) {
+            cli_fail("model", &err);
+            goto done;
+        }
+        w = lp_sd_weights_create(m, precision ? LP_W8 : LP_F32, &err);
+        lp_sd_model_free(m); /* the weights are converted copies */
+        if (!w) {
+            cli_fail("model", &err);
+            goto done;
+        }
     }
     static const char *const precision_name[] = {"f32", "w8a16", "w8a8"};
     int64_t f32_bytes, w8_bytes;

@@ -63,6 +63,11 @@ typedef struct lp_sd_counts {
     int64_t tensors, te, unet, vae;
 } lp_sd_counts;
 lp_sd_counts lp_sd_layout_counts(const lp_sd_config *c);
+/* Whether weight_type LP_W8 holds t as an int8 matrix (one scale per
+ * output channel), and its rows x cols (conv kernels as [out][k*k*in]):
+ * every linear and conv weight with columns a multiple of 32 and 16 rows
+ * or more, but the embedding tables. The rest stays f32. */
+bool lp_sd_tensor_w8(uint32_t weight_type, const lp_sd_tensor_desc *t, int64_t *rows, int64_t *cols);
 
 /* ---- the single-file checkpoint ------------------------------------------------------------ */
 

@@ -12,6 +12,7 @@
 #include <string.h>
 
 #include "../kernels/image_ops.h"
+#include "sd_compiled.h"
 #include "sd_lora.h"
 
 #define GN_EPS_UNET 1e-5f /* ldm's GroupNorm32 */
@@ -51,6 +52,8 @@ struct lp_sd_weights {
     lp_sd_tensor_desc *desc;
     void **data;      /* tensor i: floats, or LP_W8 panels when is_w8[i] */
     bool *is_w8;
+    lp_mapped_file map;    /* a compiled file's image (lp_sd_weights_open), or empty */
+    bool int8_activations; /* the compiled file's activations */
     /* text encoder */
     const float *tok, *pos;
     te_layer *te;
@@ -80,30 +83,13 @@ typedef struct conv_ctx {
     lp_error *err;
 } conv_ctx;
 
-/* Under LP_W8, which tensors become int8 matrices (one scale per output
- * channel): every linear and conv weight whose columns are a multiple of
- * 32 and that has 16 rows or more. That leaves in f32 exactly the convs of
- * the image's own channels (the UNet's and the VAE's first and last, their
- * quant convs: 3, 4 or 8 wide, under 0.1% of the weights, and where error
- * enters or leaves the latent) and the text encoder's embedding tables,
- * which are looked up, not multiplied. */
-static bool w8_matrix(const lp_sd_weights *w, const lp_sd_tensor_desc *t, int64_t *rows, int64_t *cols) {
-    size_t n = strlen(t->name);
-    if (w->wtype != LP_W8 || (t->n_dims != 2 && t->n_dims != 4) || n < 7 || strcmp(t->name + n - 7, ".weight") ||
-        strstr(t->name, "embedding"))
-        return false;
-    *rows = t->shape[0];
-    *cols = t->n_dims == 2 ? t->shape[1] : t->shape[1] * t->shape[2] * t->shape[3];
-    return *cols % 32 == 0 && *rows >= 16;
-}
-
 static int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
 
 static int count_sizes(void *ctx, const lp_sd_tensor_desc *t) {
     conv_ctx *c = ctx;
     int64_t n = 1, rows, cols;
     for (int i = 0; i < t->n_dims; i++) n *= t->shape[i];
-    if (w8_matrix(c->w, t, &rows, &cols)) {
+    if (lp_sd_tensor_w8(c->w->wtype, t, &rows, &cols)) {
         c->bytes += (int64_t)((lp_pack_bytes(LP_W8, rows, cols, (int)cols) + 63) & ~(size_t)63);
         if (cols > c->w->max_cols) c->w->max_cols = cols;
     } else {
@@ -133,7 +119,7 @@ static int convert_one(void *ctx, const lp_sd_tensor_desc *t) {
     if (!st) return lp_fail(c->err, "no tensor %s", t->name);
     int64_t rows, cols, i = c->at++;
     w->desc[i] = *t;
-    if (!w8_matrix(w, t, &rows, &cols)) {
+    if (!lp_sd_tensor_w8(w->wtype, t, &rows, &cols)) {
         w->data[i] = w->arena + c->floats;
         c->floats += round16((int64_t)st->n_elements);
         return to_f32(st, t, w->data[i], c->err);
@@ -379,10 +365,9 @@ static void build_vae_decoder(lp_sd_weights *w) {
     w->d_out = mk_conv(w, cat2(p, D, "conv_out"), c->vae_img, cur, 3, 1);
 }
 
-lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, lp_error *err) {
-    const lp_sd_config *c = lp_sd_model_config(m);
-    if (weight_type != LP_F32 && weight_type != LP_W8)
-        return lp_fail(err, "SD weights: type %u (f32 or w8)", (unsigned)weight_type), NULL;
+/* A weights struct for c's layout with its tables allocated (data filled
+ * by the caller). */
+static lp_sd_weights *weights_alloc(const lp_sd_config *c, uint32_t weight_type, lp_error *err) {
     if (c->unet_levels * (c->unet_res_blocks + 2) * 2 + 2 > MAX_RES || c->vae_levels * (c->vae_res_blocks + 1) + 2 > MAX_RES ||
         c->unet_levels * (c->unet_res_blocks * 2 + 1) + 1 > MAX_XF)
         return lp_fail(err, "SD model too deep for this build"), NULL;
@@ -390,42 +375,108 @@ lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, 
     if (!w) return lp_error_set(err, LP_ERR_NOMEM, "out of memory"), NULL;
     w->cfg = *c;
     w->wtype = weight_type;
-    conv_ctx k = {.m = m, .w = w, .err = err};
+    conv_ctx k = {.w = w, .err = err};
     lp_sd_layout(c, count_sizes, &k);
     w->n_tensors = k.at;
     w->f32_bytes = k.floats * (int64_t)sizeof(float);
     w->w8_bytes = k.bytes;
-    w->arena = lp_alloc_uninit((size_t)k.floats * sizeof(float));
-    w->packed = k.bytes ? lp_alloc_uninit((size_t)k.bytes) : NULL;
     w->desc = malloc((size_t)k.at * sizeof *w->desc);
     w->data = malloc((size_t)k.at * sizeof *w->data);
     w->is_w8 = calloc((size_t)k.at, sizeof *w->is_w8);
     w->te = calloc((size_t)c->te_layers, sizeof *w->te);
-    if (!w->arena || (k.bytes && !w->packed) || !w->desc || !w->data || !w->is_w8 || !w->te) {
+    if (!w->desc || !w->data || !w->is_w8 || !w->te) {
         lp_sd_weights_free(w);
-        return lp_error_set(err, LP_ERR_NOMEM, "out of memory for %lld weights", (long long)k.floats), NULL;
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory"), NULL;
     }
     if (lp_sd_targets_build(c, &w->targets, err)) {
         lp_sd_weights_free(w);
         return NULL;
     }
-    k.at = 0;
-    k.floats = 0;
-    k.bytes = 0;
-    if (lp_sd_layout(c, convert_one, &k)) {
-        lp_sd_weights_free(w);
-        return NULL;
-    }
+    return w;
+}
+
+/* the graphs' modules over the filled tensors */
+static void weights_build(lp_sd_weights *w) {
     build_text_encoder(w);
     build_unet(w);
     build_vae_decoder(w);
+}
+
+lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, lp_error *err) {
+    if (weight_type != LP_F32 && weight_type != LP_W8)
+        return lp_fail(err, "SD weights: type %u (f32 or w8)", (unsigned)weight_type), NULL;
+    lp_sd_weights *w = weights_alloc(lp_sd_model_config(m), weight_type, err);
+    if (!w) return NULL;
+    w->arena = lp_alloc_uninit((size_t)w->f32_bytes);
+    w->packed = w->w8_bytes ? lp_alloc_uninit((size_t)w->w8_bytes) : NULL;
+    if (!w->arena || (w->w8_bytes && !w->packed)) {
+        long long mb = (w->f32_bytes + w->w8_bytes) >> 20;
+        lp_sd_weights_free(w);
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory for %lld MB of weights", mb), NULL;
+    }
+    conv_ctx k = {.m = m, .w = w, .err = err};
+    if (lp_sd_layout(&w->cfg, convert_one, &k)) {
+        lp_sd_weights_free(w);
+        return NULL;
+    }
+    weights_build(w);
     return w;
 }
+
+/* the tensors' names and shapes, for W() */
+static int fill_desc(void *ctx, const lp_sd_tensor_desc *t) {
+    conv_ctx *c = ctx;
+    c->w->desc[c->at++] = *t;
+    return 0;
+}
+
+static lp_sd_weights *weights_from_compiled(lp_sd_compiled *sc, lp_error *err) {
+    lp_sd_weights *w = weights_alloc(&sc->cfg, sc->weight_type, err);
+    if (!w) return NULL;
+    conv_ctx k = {.w = w, .err = err};
+    lp_sd_layout(&w->cfg, fill_desc, &k);
+    for (int64_t i = 0; i < w->n_tensors; i++) {
+        w->data[i] = (void *)sc->data[i]; /* read-only: the graphs never write weights */
+        w->is_w8[i] = sc->is_w8[i];
+    }
+    w->int8_activations = sc->int8_activations;
+    weights_build(w);
+    return w;
+}
+
+lp_sd_weights *lp_sd_weights_open_memory(const void *data, size_t size, const char *name, lp_error *err) {
+    lp_sd_compiled sc;
+    if (lp_sd_compiled_parse(data, size, name, &sc, err)) return NULL;
+    lp_sd_weights *w = weights_from_compiled(&sc, err);
+    lp_sd_compiled_release(&sc);
+    return w;
+}
+
+lp_sd_weights *lp_sd_weights_open(const char *path, lp_error *err) {
+    lp_mapped_file map;
+    if (lp_map_file(path, &map, err)) return NULL;
+    lp_sd_weights *w = lp_sd_weights_open_memory(map.data, map.size, path, err);
+    if (!w) {
+        lp_unmap_file(&map);
+        return NULL;
+    }
+    w->map = map;
+    return w;
+}
+
+int lp_sd_weights_save(const lp_sd_weights *w, bool int8_activations, const char *path, lp_error *err) {
+    return lp_sd_compiled_write(path, &w->cfg, w->wtype, int8_activations, (const void *const *)w->data,
+                                w->n_tensors, err);
+}
+
+uint32_t lp_sd_weights_type(const lp_sd_weights *w) { return w->wtype; }
+bool lp_sd_weights_int8_activations(const lp_sd_weights *w) { return w->int8_activations; }
 
 void lp_sd_weights_free(lp_sd_weights *w) {
     if (!w) return;
     lp_free(w->arena);
     lp_free(w->packed);
+    lp_unmap_file(&w->map);
     free(w->desc), free(w->data), free(w->is_w8), free(w->te);
     lp_sd_targets_free(&w->targets);
     free(w);

@@ -25,6 +25,17 @@ typedef struct lp_sd_weights lp_sd_weights;
 lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, lp_error *err);
 void lp_sd_weights_free(lp_sd_weights *w);
 const lp_sd_config *lp_sd_weights_config(const lp_sd_weights *w);
+/* The compiled form (sd_compiled.h; `loraplex compile`): the weights as
+ * they are, with the activations a run should default to (int8: W8A8). */
+int lp_sd_weights_save(const lp_sd_weights *w, bool int8_activations, const char *path, lp_error *err);
+/* Memory-maps a compiled file: no conversion, pages read as used. */
+lp_sd_weights *lp_sd_weights_open(const char *path, lp_error *err);
+/* The same from an image in memory (64-byte aligned, kept by the caller
+ * while the weights live); name is for messages. */
+lp_sd_weights *lp_sd_weights_open_memory(const void *data, size_t size, const char *name, lp_error *err);
+uint32_t lp_sd_weights_type(const lp_sd_weights *w);
+/* A compiled file's activations (false for converted weights). */
+bool lp_sd_weights_int8_activations(const lp_sd_weights *w);
 /* Bytes the weights hold in f32 and in int8 matrices (scales included). */
 void lp_sd_weights_bytes(const lp_sd_weights *w, int64_t *f32_bytes, int64_t *w8_bytes);
 

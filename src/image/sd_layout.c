@@ -7,6 +7,8 @@
  * AttnBlock norm q k v proj_out. */
 #include "sd.h"
 
+#include "../base/dtype.h"
+
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
@@ -298,4 +300,22 @@ lp_sd_counts lp_sd_layout_counts(const lp_sd_config *c) {
     lp_sd_counts n = {0};
     lp_sd_layout(c, count_one, &n);
     return n;
+}
+
+/* ---- int8 matrices ------------------------------------------------------------------------------ */
+
+/* The image's own channels (3, 4 or 8: the first and last convs of the
+ * UNet and the VAE, the quant convs) give matrices under 16 rows or with
+ * 27 or 36 columns: under 0.1% of the weights, and where error enters or
+ * leaves the latent, so they stay f32 (and could not be packed per row
+ * with those widths anyway). The embedding tables are looked up, not
+ * multiplied. */
+bool lp_sd_tensor_w8(uint32_t weight_type, const lp_sd_tensor_desc *t, int64_t *rows, int64_t *cols) {
+    size_t n = strlen(t->name);
+    if (weight_type != LP_W8 || (t->n_dims != 2 && t->n_dims != 4) || n < 7 || strcmp(t->name + n - 7, ".weight") ||
+        strstr(t->name, "embedding"))
+        return false;
+    *rows = t->shape[0];
+    *cols = t->n_dims == 2 ? t->shape[1] : t->shape[1] * t->shape[2] * t->shape[3];
+    return *cols % 32 == 0 && *rows >= 16;
 }
