@@ -68,6 +68,10 @@ lp_sd_counts lp_sd_layout_counts(const lp_sd_config *c);
  * every linear and conv weight with columns a multiple of 32 and 16 rows
  * or more, but the embedding tables. The rest stays f32. */
 bool lp_sd_tensor_w8(uint32_t weight_type, const lp_sd_tensor_desc *t, int64_t *rows, int64_t *cols);
+/* The bytes t takes as weight_type holds it (LP_W8 panels or f32; 0 on
+ * overflow), whether it is an int8 matrix, and its rows x cols (f32: the
+ * first dimension by the rest). */
+uint64_t lp_sd_tensor_bytes(uint32_t weight_type, const lp_sd_tensor_desc *t, bool *w8, int64_t *rows, int64_t *cols);
 
 /* ---- the single-file checkpoint ------------------------------------------------------------ */
 

@@ -9,7 +9,6 @@
 
 #include "../base/dtype.h"
 #include "../formats/le.h"
-#include "../kernels/kernels.h"
 
 #define HEADER_BYTES 512
 #define ENTRY_BYTES 64
@@ -77,19 +76,12 @@ typedef struct expect_ctx {
 static int expect_one(void *ctx, const lp_sd_tensor_desc *t) {
     expect_ctx *x = ctx;
     int64_t rows, cols;
-    entry e = {.type = LP_F32};
-    if (lp_sd_tensor_w8(x->weight_type, t, &rows, &cols)) {
-        e = (entry){.type = LP_W8, .group = (uint32_t)cols, .rows = (uint64_t)rows, .cols = (uint64_t)cols};
-        e.bytes = lp_pack_bytes(LP_W8, rows, cols, (int)cols);
-        if (!e.bytes || cols > INT32_MAX) x->overflow = true;
-    } else {
-        e.rows = (uint64_t)t->shape[0];
-        e.cols = 1;
-        for (int i = 1; i < t->n_dims; i++)
-            if (__builtin_mul_overflow(e.cols, (uint64_t)t->shape[i], &e.cols)) x->overflow = true;
-        if (__builtin_mul_overflow(e.rows * 4, e.cols, &e.bytes) || e.rows > (UINT64_MAX >> 3)) x->overflow = true;
-    }
-    if (x->e) x->e[x->n] = e;
+    bool w8;
+    uint64_t bytes = lp_sd_tensor_bytes(x->weight_type, t, &w8, &rows, &cols);
+    if (!bytes) x->overflow = true;
+    if (x->e)
+        x->e[x->n] = (entry){.type = w8 ? LP_W8 : LP_F32, .group = w8 ? (uint32_t)cols : 0, .rows = (uint64_t)rows,
+                             .cols = (uint64_t)cols, .bytes = bytes};
     x->n++;
     return 0;
 }

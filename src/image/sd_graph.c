@@ -76,24 +76,25 @@ struct lp_sd_weights {
 };
 
 typedef struct conv_ctx {
-    const lp_safetensors *st;
     const lp_sd_model *m;
     lp_sd_weights *w;
     int64_t at, floats, bytes;
     lp_error *err;
 } conv_ctx;
 
-static int64_t round16(int64_t n) { return (n + 15) & ~(int64_t)15; }
+/* a tensor's place in the arenas: 64-byte aligned */
+static int64_t align64(uint64_t bytes) { return (int64_t)((bytes + 63) & ~(uint64_t)63); }
 
 static int count_sizes(void *ctx, const lp_sd_tensor_desc *t) {
     conv_ctx *c = ctx;
-    int64_t n = 1, rows, cols;
-    for (int i = 0; i < t->n_dims; i++) n *= t->shape[i];
-    if (lp_sd_tensor_w8(c->w->wtype, t, &rows, &cols)) {
-        c->bytes += (int64_t)((lp_pack_bytes(LP_W8, rows, cols, (int)cols) + 63) & ~(size_t)63);
+    int64_t rows, cols;
+    bool w8;
+    int64_t bytes = align64(lp_sd_tensor_bytes(c->w->wtype, t, &w8, &rows, &cols));
+    if (w8) {
+        c->bytes += bytes;
         if (cols > c->w->max_cols) c->w->max_cols = cols;
     } else {
-        c->floats += round16(n);
+        c->floats += bytes / (int64_t)sizeof(float);
     }
     c->at++;
     return 0;
@@ -118,18 +119,19 @@ static int convert_one(void *ctx, const lp_sd_tensor_desc *t) {
     const lp_st_tensor *st = lp_sd_model_tensor(c->m, t->name);
     if (!st) return lp_fail(c->err, "no tensor %s", t->name);
     int64_t rows, cols, i = c->at++;
+    bool w8;
+    int64_t bytes = align64(lp_sd_tensor_bytes(w->wtype, t, &w8, &rows, &cols));
     w->desc[i] = *t;
-    if (!lp_sd_tensor_w8(w->wtype, t, &rows, &cols)) {
+    if (!w8) {
         w->data[i] = w->arena + c->floats;
-        c->floats += round16((int64_t)st->n_elements);
+        c->floats += bytes / (int64_t)sizeof(float);
         return to_f32(st, t, w->data[i], c->err);
     }
-    size_t nb = lp_pack_bytes(LP_W8, rows, cols, (int)cols);
     float *tmp = malloc(st->n_elements * sizeof(float));
     if (!tmp) return lp_error_set(c->err, LP_ERR_NOMEM, "out of memory converting %s", t->name);
     w->data[i] = w->packed + c->bytes;
     w->is_w8[i] = true;
-    c->bytes += (int64_t)((nb + 63) & ~(size_t)63);
+    c->bytes += bytes;
     int rc = to_f32(st, t, tmp, c->err);
     if (!rc && lp_pack_weight(LP_W8, (int)cols, tmp, rows, cols, w->data[i]))
         rc = lp_fail(c->err, "cannot pack %s as int8", t->name);

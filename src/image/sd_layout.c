@@ -8,6 +8,7 @@
 #include "sd.h"
 
 #include "../base/dtype.h"
+#include "../kernels/kernels.h"
 
 #include <stdarg.h>
 #include <stdio.h>
@@ -318,4 +319,15 @@ bool lp_sd_tensor_w8(uint32_t weight_type, const lp_sd_tensor_desc *t, int64_t *
     *rows = t->shape[0];
     *cols = t->n_dims == 2 ? t->shape[1] : t->shape[1] * t->shape[2] * t->shape[3];
     return *cols % 32 == 0 && *rows >= 16;
+}
+
+uint64_t lp_sd_tensor_bytes(uint32_t weight_type, const lp_sd_tensor_desc *t, bool *w8, int64_t *rows, int64_t *cols) {
+    *w8 = lp_sd_tensor_w8(weight_type, t, rows, cols);
+    if (*w8) return *cols <= INT32_MAX ? lp_pack_bytes(LP_W8, *rows, *cols, (int)*cols) : 0;
+    uint64_t n = t->n_dims ? (uint64_t)t->shape[0] : 1, c = 1;
+    for (int i = 1; i < t->n_dims; i++)
+        if (__builtin_mul_overflow(c, (uint64_t)t->shape[i], &c)) return 0;
+    *rows = (int64_t)n;
+    *cols = (int64_t)c;
+    return __builtin_mul_overflow(n, c, &n) || __builtin_mul_overflow(n, (uint64_t)sizeof(float), &n) ? 0 : n;
 }
