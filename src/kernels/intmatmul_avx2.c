@@ -21,6 +21,11 @@
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
+/* How far ahead (bytes of codes) the 1-row tile prefetches its panel stream:
+ * farther than the VNNI kernel's 1 KiB per 4-panel tile, as one panel is one
+ * stream here (docs/benchmarks.md section 14 has the distances tried). */
+#define PREFETCH_BYTES 8192
+
 static inline int32_t load4(const int8_t *p) {
     int32_t v;
     memcpy(&v, p, sizeof v);
@@ -60,6 +65,34 @@ AVX2 INLINE __m256i dot_signed(__m256i acc, __m256i w, int32_t x4) {
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), sx), ones));
 }
 
+/* Groups ahead of the one being computed that the 1-row tile prefetches:
+ * `bytes` of codes (at least one group, at most the panel's). */
+AVX2 INLINE int64_t prefetch_groups(const lp_packed_geom *ge, size_t bytes) {
+    int64_t ahead = (int64_t)(bytes / ge->code_bytes);
+    if (ahead < 1) ahead = 1;
+    return ahead > ge->groups ? ge->groups : ahead;
+}
+
+/* Software prefetch (into L2) of group gi + ahead of panel p's stream,
+ * running on into panel p + 1 if this thread takes it too: without it the
+ * 1-row tile waits on the first load of nearly every chunk (the hardware
+ * prefetchers alone lag the stream). As the VNNI kernel's
+ * prefetch_ahead_by, for a tile of one panel. */
+AVX2 INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t p, int64_t gi, int64_t ahead) {
+    const lp_packed_geom *ge = &g->geom;
+    int64_t ga = gi + ahead;
+    if (ga >= ge->groups) {
+        if (p + 1 >= g->prefetch_p1) return;
+        ga -= ge->groups;
+        panel += ge->panel_bytes;
+    }
+    const char *codes = (const char *)panel + ge->codes_offset + (size_t)ga * ge->code_bytes;
+    for (size_t o = 0; o < ge->code_bytes; o += 64) _mm_prefetch(codes + o, _MM_HINT_T1);
+    size_t at = ge->scales_offset + (size_t)ga * ge->scale_bytes;
+    if (ga == 0 && ge->scales_offset) _mm_prefetch((const char *)panel, _MM_HINT_T1); /* W4C row bases */
+    if (at % 64 < ge->scale_bytes) _mm_prefetch((const char *)panel + at, _MM_HINT_T1);
+}
+
 /* One panel x B batch rows (B <= 2: 2 halves x B x (int + float) = 8 ymm). */
 AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int B) {
     const lp_packed_geom *ge = &g->geom;
@@ -73,8 +106,11 @@ AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, i
     __m256 accf[2][2];
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < B; b++) accf[h][b] = _mm256_setzero_ps();
+    /* the first batch rows of a panel stream it from memory; later ones find it in cache */
+    const int64_t ahead = b0 > 0 ? 0 : prefetch_groups(ge, PREFETCH_BYTES);
     for (int64_t gi = 0; gi < groups; gi++) {
         __m256i acc[2][2];
+        if (ahead) prefetch_ahead(g, panel, p, gi, ahead);
         const int8_t *xg = a->q + b0 * qs + gi * G;
         const uint8_t *cg = codes + (size_t)gi * ge->code_bytes;
         if (type == LP_W4) {
