@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "check.h"
@@ -362,6 +363,63 @@ static void test_synth_archs(void) {
     }
 }
 
+/* A .lpx model read into 2 MiB pages (the default) computes what the same
+ * file mapped in place does, bit for bit, from the same bytes; where the OS
+ * has transparent huge pages the default really copies (an anonymous,
+ * 2 MiB-aligned mapping), and small or missing files take lp_map_file's way. */
+static void test_huge_pages(void) {
+    lp_error err;
+    lp_synth_params p = {.arch = LP_ARCH_LLAMA, .dim = 256, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4,
+                         .head_dim = 32, .ffn_dim = 768, .n_ctx = 256, .rope_theta = 10000.0f,
+                         .rms_eps = 1e-6f, .weight_type = LP_F32, .embd_type = LP_F32, .seed = 11,
+                         .name = "synth"};
+    const char *g = tmp("huge.gguf"), *x = tmp("huge.lpx");
+    CHECK(lp_synth_write(&p, g, &err) == 0);
+    lp_model *src = lp_model_load(g, NULL, &err);
+    CHECK(src && compile_to(src, x, LP_F32, 0, false, false, false) == 0);
+    lp_model_free(src);
+    struct stat st;
+    CHECK_MSG(stat(x, &st) == 0 && (size_t)st.st_size >= LP_HUGE_MIN, "%s: %lld bytes, want >= %zu", x,
+              (long long)st.st_size, LP_HUGE_MIN);
+    const lp_model_params in_place = {.map_in_place = true};
+    lp_model *mapped = lp_model_load(x, &in_place, &err), *copied = lp_model_load(x, NULL, &err);
+    CHECK(mapped && copied);
+    if (mapped && copied) {
+        CHECK(mapped->lpx_file.anon_bytes == 0);
+        bool huge = lp_huge_pages_available();
+        printf("transparent huge pages: %s; default load %s\n", huge ? "on" : "off",
+               copied->lpx_file.anon_bytes ? "copied" : "mapped");
+        CHECK(huge == (copied->lpx_file.anon_bytes != 0));
+        if (copied->lpx_file.anon_bytes)
+            CHECK((uintptr_t)copied->lpx_file.data % ((uintptr_t)2 << 20) == 0 &&
+                  copied->lpx_file.anon_bytes >= copied->lpx_file.size);
+        CHECK(copied->lpx_file.size == mapped->lpx_file.size &&
+              memcmp(copied->lpx_file.data, mapped->lpx_file.data, mapped->lpx_file.size) == 0);
+        int V = mapped->hp.n_vocab;
+        float *a = malloc((size_t)V * sizeof(float)), *b = malloc((size_t)V * sizeof(float));
+        int32_t t[6] = {1, 40, 50, 60, 70, 80};
+        CHECK(a && b && run_logits(mapped, t, 6, 0, NULL, 0, a) && run_logits(copied, t, 6, 0, NULL, 0, b) &&
+              memcmp(a, b, (size_t)V * sizeof(float)) == 0);
+        free(a);
+        free(b);
+    }
+    lp_model_free(mapped);
+    lp_model_free(copied);
+    lp_mapped_file f;
+    CHECK(lp_load_file_huge(g, &f, &err) == 0);
+    CHECK(st.st_size > 0 && f.data != NULL);
+    lp_unmap_file(&f);
+    CHECK(f.data == NULL && f.size == 0 && f.anon_bytes == 0);
+    const char *small = tmp("small.bin");
+    FILE *fp = fopen(small, "wb");
+    CHECK(fp && fwrite("loraplex", 1, 8, fp) == 8);
+    if (fp) fclose(fp);
+    CHECK(lp_load_file_huge(small, &f, &err) == 0 && f.anon_bytes == 0 && f.size == 8 &&
+          memcmp(f.data, "loraplex", 8) == 0);
+    lp_unmap_file(&f);
+    CHECK(lp_load_file_huge(tmp("missing.lpx"), &f, &err) != 0 && strstr(err.message, "missing.lpx"));
+}
+
 /* GGUF K-quants and the other block types: requantized at load to W8 group
  * 32 (the untied token embedding, read by rows, keeps its type), with
  * logits next to the exact float path on the stored values. */
@@ -641,6 +699,7 @@ int main(void) {
     test_gguf_q4_0();
     test_gguf_requantized();
     test_malformed();
+    test_huge_pages();
     snprintf(cmd, sizeof cmd, "rm -rf %s", tmpdir);
     if (system(cmd) != 0) fprintf(stderr, "could not remove %s\n", tmpdir);
     return check_summary("compile");

@@ -12,6 +12,7 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
+#include <unistd.h>
 
 /* ---- errors ------------------------------------------------------------ */
 
@@ -89,9 +90,40 @@ void *lp_alloc_uninit(size_t size) {
 
 void *lp_alloc(size_t size) {
     void *p = lp_alloc_uninit(size);
+    if (!p) return NULL;
     /* the padding up to the alignment too: kernels may read whole vectors */
-    if (p) memset(p, 0, ((size ? size : 1) + LP_ALIGN - 1) & ~(size_t)(LP_ALIGN - 1));
+    size_t bytes = ((size ? size : 1) + LP_ALIGN - 1) & ~(size_t)(LP_ALIGN - 1);
+    if (bytes >= LP_HUGE_MIN) lp_advise_huge(p, bytes);
+    memset(p, 0, bytes);
     return p;
+}
+
+#define HUGE_PAGE ((size_t)2 << 20)
+
+bool lp_huge_pages_available(void) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    FILE *f = fopen("/sys/kernel/mm/transparent_hugepage/enabled", "r");
+    if (!f) return false;
+    char mode[128] = {0};
+    size_t n = fread(mode, 1, sizeof mode - 1, f);
+    fclose(f);
+    mode[n] = 0;
+    return strstr(mode, "[always]") || strstr(mode, "[madvise]");
+#else
+    return false;
+#endif
+}
+
+void lp_advise_huge(void *p, size_t size) {
+#if defined(__linux__) && defined(MADV_HUGEPAGE)
+    uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
+    uintptr_t b = ((uintptr_t)p + size) & ~(uintptr_t)(HUGE_PAGE - 1);
+    /* advice only: memory the kernel will not give 2 MiB pages stays as it is */
+    if (b > a) (void)madvise((void *)a, b - a, MADV_HUGEPAGE);
+#else
+    (void)p;
+    (void)size;
+#endif
 }
 
 void lp_free(void *p) { free(p); }
@@ -124,10 +156,59 @@ int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err) {
     return 0;
 }
 
+/* Reads size bytes of fd into a fresh anonymous mapping whose start is 2
+ * MiB aligned, asked for huge pages, then made read-only. */
+static int read_into_huge(int fd, const char *path, size_t size, lp_mapped_file *out, lp_error *err) {
+    size_t bytes;
+    if (!lp_add_ok(size, HUGE_PAGE - 1, &bytes)) return lp_fail(err, "%s: file too large", path);
+    bytes &= ~(HUGE_PAGE - 1);
+    size_t span;
+    if (!lp_add_ok(bytes, HUGE_PAGE, &span)) return lp_fail(err, "%s: file too large", path);
+    uint8_t *raw = mmap(NULL, span, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    if (raw == MAP_FAILED) return lp_error_set(err, LP_ERR_NOMEM, "%s: cannot allocate %zu bytes: %s", path, span,
+                                               strerror(errno));
+    /* trim the mapping to the aligned [p, p + bytes) */
+    uint8_t *p = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
+    if (p > raw) munmap(raw, (size_t)(p - raw));
+    if (raw + span > p + bytes) munmap(p + bytes, (size_t)(raw + span - (p + bytes)));
+    lp_advise_huge(p, bytes);
+    for (size_t done = 0; done < size;) {
+        ssize_t got = pread(fd, p + done, size - done, (off_t)done);
+        if (got <= 0) {
+            int e = got < 0 ? errno : 0;
+            munmap(p, bytes);
+            return lp_error_set(err, LP_ERR_IO, "%s: read error: %s", path, e ? strerror(e) : "file shrank");
+        }
+        done += (size_t)got;
+    }
+    if (mprotect(p, bytes, PROT_READ) != 0) {
+        int e = errno;
+        munmap(p, bytes);
+        return lp_error_set(err, LP_ERR_IO, "%s: cannot protect: %s", path, strerror(e));
+    }
+    out->data = p;
+    out->size = size;
+    out->anon_bytes = bytes;
+    return 0;
+}
+
+int lp_load_file_huge(const char *path, lp_mapped_file *out, lp_error *err) {
+    memset(out, 0, sizeof *out);
+    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    struct stat st;
+    if (fd < 0 || fstat(fd, &st) != 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size < LP_HUGE_MIN ||
+        !lp_huge_pages_available()) {
+        if (fd >= 0) close(fd);
+        return lp_map_file(path, out, err); /* which names any problem with the path */
+    }
+    int rc = read_into_huge(fd, path, (size_t)st.st_size, out, err);
+    close(fd);
+    return rc;
+}
+
 void lp_unmap_file(lp_mapped_file *f) {
-    if (f->data) munmap((void *)f->data, f->size);
-    f->data = NULL;
-    f->size = 0;
+    if (f->data) munmap((void *)f->data, f->anon_bytes ? f->anon_bytes : f->size);
+    memset(f, 0, sizeof *f);
 }
 
 int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,

@@ -46,14 +46,33 @@ static inline bool lp_add_ok(size_t a, size_t b, size_t *out) {
     return !__builtin_add_overflow(a, b, out);
 }
 
-/* A read-only memory-mapped file. Empty files map to data=NULL, size=0. */
+/* A read-only file in memory: mapped in place, or (lp_load_file_huge) read
+ * into anonymous memory. Empty files map to data=NULL, size=0. */
 typedef struct lp_mapped_file {
     const uint8_t *data;
     size_t size;
+    size_t anon_bytes; /* 0: a file mapping of size bytes; else the anonymous mapping's length */
 } lp_mapped_file;
 
 int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err);
+/* As lp_map_file, but for a file of LP_HUGE_MIN bytes or more on a system
+ * with transparent huge pages, the file is read into anonymous memory
+ * asked to be backed by 2 MiB pages (then made read-only): a stream of
+ * weights read every step then misses the TLB once per 2 MiB instead of
+ * per 4 KiB page, and the prefetchers do not stop at 4 KiB page edges.
+ * Costs a copy at load and memory the page cache cannot share. Falls back
+ * to mapping in place where huge pages are off. */
+int lp_load_file_huge(const char *path, lp_mapped_file *out, lp_error *err);
 void lp_unmap_file(lp_mapped_file *f);
+
+/* Below this, buffers and files are not worth 2 MiB pages. */
+#define LP_HUGE_MIN ((size_t)4 << 20)
+/* Whether this system grants transparent huge pages to memory that asks
+ * (Linux: /sys/kernel/mm/transparent_hugepage/enabled not "never"). */
+bool lp_huge_pages_available(void);
+/* Asks for 2 MiB pages for the whole 2 MiB blocks inside [p, p + size),
+ * before the memory is first touched; a no-op where there are none. */
+void lp_advise_huge(void *p, size_t size);
 /* Reads a whole file into a NUL-terminated malloc'd buffer (for small text
  * files such as JSON configs). */
 int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,

@@ -45,6 +45,7 @@ typedef struct bench_options {
     int streams[MAX_LIST], n_streams;
     int counts[MAX_LIST], n_counts;
     bool adapter_modes, json, kv_f32;
+    bool mmap; /* --mmap: a .lpx model used in place from its mapping (lp_model_params.map_in_place) */
     long bw_mib;
     char kernels[256]; /* the kernel levels in use (cli_kernels_line) */
 } bench_options;
@@ -60,6 +61,21 @@ static uint64_t proc_status_bytes(const char *key) {
     while (f && fgets(line, sizeof line, f))
         if (!strncmp(line, key, n)) {
             kib = strtoull(line + n, NULL, 10);
+            break;
+        }
+    if (f) fclose(f);
+    return kib * 1024;
+}
+
+/* Bytes of this process's anonymous memory in 2 MiB pages (AnonHugePages of
+ * /proc/self/smaps_rollup; 0 where there is none). */
+static uint64_t huge_page_bytes(void) {
+    FILE *f = fopen("/proc/self/smaps_rollup", "r");
+    char line[256];
+    uint64_t kib = 0;
+    while (f && fgets(line, sizeof line, f))
+        if (!strncmp(line, "AnonHugePages:", 14)) {
+            kib = strtoull(line + 14, NULL, 10);
             break;
         }
     if (f) fclose(f);
@@ -313,14 +329,15 @@ static int bench_speed(const bench_options *o) {
     uint64_t model_bytes = file_bytes(o->model), wbpt = 0;
     lp_model_info info = {0};
     char model_name[128] = ""; /* info's strings die with the model */
-    uint64_t rss = 0;
+    uint64_t rss = 0, huge = 0;
+    const lp_model_params mp = {.map_in_place = o->mmap};
     for (int ti = 0; ti < o->n_threads; ti++) {
         double load[MAX_REPS], pre[MAX_REPS], dec[MAX_REPS];
         double bw_all[MAX_REPS * BW_PASSES] = {0}, roof[MAX_REPS] = {0};
         int threads = o->threads[ti] ? o->threads[ti] : lp_default_threads();
         for (int r = 0; r < o->reps; r++) {
             double t0 = lp_now_seconds();
-            lp_model *model = lp_model_load(o->model, NULL, &err);
+            lp_model *model = lp_model_load(o->model, &mp, &err);
             lp_context *ctx = NULL;
             if (model) {
                 lp_context_params cp = lp_context_default_params();
@@ -355,6 +372,8 @@ static int bench_speed(const bench_options *o) {
              * read test's buffer is not (it comes and goes below) */
             uint64_t resident = proc_status_bytes("VmRSS:");
             if (resident > rss) rss = resident;
+            uint64_t in_huge = huge_page_bytes();
+            if (in_huge > huge) huge = in_huge;
             lp_context_free(ctx);
             lp_model_free(model);
             if (rc || s < 0) return cli_fail("forward", &err);
@@ -379,8 +398,10 @@ static int bench_speed(const bench_options *o) {
     if (!rss) rss = peak_rss_bytes();
     if (!o->json) {
         printf("kernels: %s\n", o->kernels);
-        printf("model %s: %s, %.1f MiB file, %.1f MiB weights read per token, peak RSS %.1f MiB\n",
-               o->model, model_name, model_bytes / 1048576.0, wbpt / 1048576.0, rss / 1048576.0);
+        printf("model %s: %s, %.1f MiB file, %.1f MiB weights read per token, peak RSS %.1f MiB "
+               "(%.1f MiB in 2 MiB pages%s)\n",
+               o->model, model_name, model_bytes / 1048576.0, wbpt / 1048576.0, rss / 1048576.0,
+               huge / 1048576.0, o->mmap ? ", --mmap" : "");
         printf("prompt %d tokens, %d decoded, %d runs: median (min..max)\n", o->prompt, o->n_gen,
                o->reps);
         printf("%-7s | %-22s | %-24s | %-22s | %-8s | %-18s | %s\n", "threads", "load ms",
@@ -401,9 +422,9 @@ static int bench_speed(const bench_options *o) {
             print_summary_json("machine_read_GBps", r->bw);
             print_summary_json("roofline_fraction", r->roofline);
             printf(",\"model_bytes\":%llu,\"weight_bytes_per_token\":%llu,"
-                   "\"peak_rss_bytes\":%llu,\"decode_GBps\":%.4g}\n",
+                   "\"peak_rss_bytes\":%llu,\"huge_page_bytes\":%llu,\"mmap\":%s,\"decode_GBps\":%.4g}\n",
                    (unsigned long long)model_bytes, (unsigned long long)wbpt,
-                   (unsigned long long)rss, eff);
+                   (unsigned long long)rss, (unsigned long long)huge, o->mmap ? "true" : "false", eff);
         } else {
             printf("%-7d | %7.1f (%6.1f..%6.1f) | %7.1f (%6.1f..%7.1f) | %6.2f (%6.2f..%6.2f) | "
                    "%8.2f | %5.1f (%5.1f..%5.1f) | %5.1f %%\n",
@@ -439,7 +460,8 @@ static void env_free(bench_env *e) {
 static int env_load(bench_env *e, const bench_options *o, lp_error *err) {
     memset(e, 0, sizeof *e);
     double t0 = lp_now_seconds();
-    if (!(e->model = lp_model_load(o->model, NULL, err))) return lp_fail_prefix(err, "%s", o->model);
+    const lp_model_params mp = {.map_in_place = o->mmap};
+    if (!(e->model = lp_model_load(o->model, &mp, err))) return lp_fail_prefix(err, "%s", o->model);
     e->load_ms = (lp_now_seconds() - t0) * 1e3;
     if (o->profile && !(e->profile = lp_profile_load(e->model, o->profile, err))) return -1;
     if (!o->adapters) return 0;
@@ -850,7 +872,8 @@ static int bench_adapter_modes(const bench_options *o) {
     double load_ms[MAX_REPS];
     for (int r = 0; r < o->reps && !failed; r++) {
         double t0 = lp_now_seconds();
-        lp_model *m = lp_model_load(o->model, NULL, &err);
+        const lp_model_params mp = {.map_in_place = o->mmap};
+        lp_model *m = lp_model_load(o->model, &mp, &err);
         lp_context_params mcp = lp_context_default_params();
         mcp.n_threads = o->threads[0];
         mcp.kv_f32 = o->kv_f32;
@@ -987,6 +1010,8 @@ static void bench_usage(FILE *out) {
             "      --counts LIST       K values for --adapter-modes (default 1,4,10,32, capped\n"
             "                          at the number of adapters)\n"
             "      --kv-f32            KV cache in f32 (default f16)\n"
+            "      --mmap              use a .lpx model in place from its memory map (default:\n"
+            "                          read into 2 MiB pages where the OS grants them)\n"
             "      --json              JSON lines instead of tables\n"
             "      --svg FILE          write a chart (streams and adapter modes)\n"
             "      --speculate ...     speculative decoding per task (bench --speculate --help)\n");
@@ -1013,6 +1038,7 @@ static int parse_bench(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--adapter-modes")) o->adapter_modes = true;
         else if (!strcmp(a, "--kv-f32")) o->kv_f32 = true;
+        else if (!strcmp(a, "--mmap")) o->mmap = true;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) {
             VALUE(); if (!cli_int(a, v, 1, 1 << 16, &k)) return -1;
             o->prompt = (int)k;
