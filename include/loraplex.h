@@ -98,18 +98,19 @@ typedef struct lp_model_params {
     /* Threads that convert GGUF block matrices at load (0: all cores; 1:
      * the loading thread alone). */
     int n_load_threads;
-    /* A compiled .lpx file (or the weights GGUF loads repack) is read into
-     * memory backed by 2 MiB pages where the OS grants them (Linux
-     * transparent huge pages): decode streams every weight once per step,
-     * and with 4 KiB pages that stream stalls on TLB misses and prefetches
-     * that stop at page edges. The cost is one copy at load and memory the
-     * page cache does not share. true uses a .lpx file in place from its
-     * memory map instead (no copy; pages shared with other processes). */
-    bool map_in_place;
+    /* false (default): a compiled .lpx file is used in place from its
+     * memory map (no copy; pages shared with the page cache and other
+     * processes). true: it is read into memory asked to be backed by 2 MiB
+     * pages (Linux transparent huge pages, where enabled): decode streams
+     * every weight once per step, and 2 MiB pages take the TLB misses and
+     * the prefetch stops at 4 KiB page edges out of that stream, at the
+     * cost of a copy at load and memory the page cache does not share
+     * (docs/benchmarks.md section 14: a few percent on Zen 5). */
+    bool huge_pages;
 } lp_model_params;
 
-/* Loads a compiled .lpx file (used as stored: read into huge pages, or
- * memory-mapped, see map_in_place), a GGUF file, a
+/* Loads a compiled .lpx file (memory-mapped, used in place; or read into
+ * huge pages, see huge_pages), a GGUF file, a
  * Hugging Face model directory (config.json + safetensors + tokenizer.json)
  * or a llama2.c checkpoint (.bin). params may be NULL. */
 lp_model *lp_model_load(const char *path, const lp_model_params *params,

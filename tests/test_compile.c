@@ -363,10 +363,11 @@ static void test_synth_archs(void) {
     }
 }
 
-/* A .lpx model read into 2 MiB pages (the default) computes what the same
- * file mapped in place does, bit for bit, from the same bytes; where the OS
- * has transparent huge pages the default really copies (an anonymous,
- * 2 MiB-aligned mapping), and small or missing files take lp_map_file's way. */
+/* A .lpx model read into 2 MiB pages (huge_pages) computes what the same
+ * file mapped in place (the default) does, bit for bit, from the same
+ * bytes; where the OS has transparent huge pages it really copies (an
+ * anonymous, 2 MiB-aligned mapping), and small or missing files take
+ * lp_map_file's way. */
 static void test_huge_pages(void) {
     lp_error err;
     lp_synth_params p = {.arch = LP_ARCH_LLAMA, .dim = 256, .n_layers = 2, .n_heads = 8, .n_kv_heads = 4,
@@ -381,15 +382,15 @@ static void test_huge_pages(void) {
     struct stat st;
     CHECK_MSG(stat(x, &st) == 0 && (size_t)st.st_size >= LP_HUGE_MIN, "%s: %lld bytes, want >= %zu", x,
               (long long)st.st_size, LP_HUGE_MIN);
-    const lp_model_params in_place = {.map_in_place = true};
-    lp_model *mapped = lp_model_load(x, &in_place, &err), *copied = lp_model_load(x, NULL, &err);
+    const lp_model_params huge = {.huge_pages = true};
+    lp_model *mapped = lp_model_load(x, NULL, &err), *copied = lp_model_load(x, &huge, &err);
     CHECK(mapped && copied);
     if (mapped && copied) {
         CHECK(mapped->lpx_file.anon_bytes == 0);
-        bool huge = lp_huge_pages_available();
-        printf("transparent huge pages: %s; default load %s\n", huge ? "on" : "off",
+        bool thp = lp_huge_pages_available();
+        printf("transparent huge pages: %s; huge_pages load %s\n", thp ? "on" : "off",
                copied->lpx_file.anon_bytes ? "copied" : "mapped");
-        CHECK(huge == (copied->lpx_file.anon_bytes != 0));
+        CHECK(thp == (copied->lpx_file.anon_bytes != 0));
         if (copied->lpx_file.anon_bytes)
             CHECK((uintptr_t)copied->lpx_file.data % ((uintptr_t)2 << 20) == 0 &&
                   copied->lpx_file.anon_bytes >= copied->lpx_file.size);

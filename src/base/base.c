@@ -90,11 +90,8 @@ void *lp_alloc_uninit(size_t size) {
 
 void *lp_alloc(size_t size) {
     void *p = lp_alloc_uninit(size);
-    if (!p) return NULL;
     /* the padding up to the alignment too: kernels may read whole vectors */
-    size_t bytes = ((size ? size : 1) + LP_ALIGN - 1) & ~(size_t)(LP_ALIGN - 1);
-    if (bytes >= LP_HUGE_MIN) lp_advise_huge(p, bytes);
-    memset(p, 0, bytes);
+    if (p) memset(p, 0, ((size ? size : 1) + LP_ALIGN - 1) & ~(size_t)(LP_ALIGN - 1));
     return p;
 }
 
@@ -114,7 +111,9 @@ bool lp_huge_pages_available(void) {
 #endif
 }
 
-void lp_advise_huge(void *p, size_t size) {
+/* Asks for 2 MiB pages for the whole 2 MiB blocks inside [p, p + size),
+ * before the memory is first touched; a no-op where there are none. */
+static void advise_huge(void *p, size_t size) {
 #if defined(__linux__) && defined(MADV_HUGEPAGE)
     uintptr_t a = ((uintptr_t)p + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1);
     uintptr_t b = ((uintptr_t)p + size) & ~(uintptr_t)(HUGE_PAGE - 1);
@@ -171,7 +170,7 @@ static int read_into_huge(int fd, const char *path, size_t size, lp_mapped_file 
     uint8_t *p = (uint8_t *)(((uintptr_t)raw + HUGE_PAGE - 1) & ~(uintptr_t)(HUGE_PAGE - 1));
     if (p > raw) munmap(raw, (size_t)(p - raw));
     if (raw + span > p + bytes) munmap(p + bytes, (size_t)(raw + span - (p + bytes)));
-    lp_advise_huge(p, bytes);
+    advise_huge(p, bytes);
     for (size_t done = 0; done < size;) {
         ssize_t got = pread(fd, p + done, size - done, (off_t)done);
         if (got <= 0) {

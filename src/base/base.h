@@ -61,18 +61,15 @@ int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err);
  * weights read every step then misses the TLB once per 2 MiB instead of
  * per 4 KiB page, and the prefetchers do not stop at 4 KiB page edges.
  * Costs a copy at load and memory the page cache cannot share. Falls back
- * to mapping in place where huge pages are off. */
+ * to mapping in place where huge pages are off or the file is small. */
 int lp_load_file_huge(const char *path, lp_mapped_file *out, lp_error *err);
 void lp_unmap_file(lp_mapped_file *f);
 
-/* Below this, buffers and files are not worth 2 MiB pages. */
+/* Below this, files are not worth 2 MiB pages. */
 #define LP_HUGE_MIN ((size_t)4 << 20)
 /* Whether this system grants transparent huge pages to memory that asks
  * (Linux: /sys/kernel/mm/transparent_hugepage/enabled not "never"). */
 bool lp_huge_pages_available(void);
-/* Asks for 2 MiB pages for the whole 2 MiB blocks inside [p, p + size),
- * before the memory is first touched; a no-op where there are none. */
-void lp_advise_huge(void *p, size_t size);
 /* Reads a whole file into a NUL-terminated malloc'd buffer (for small text
  * files such as JSON configs). */
 int lp_read_file(const char *path, char **out, size_t *size, size_t max_size,

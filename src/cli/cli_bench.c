@@ -45,7 +45,7 @@ typedef struct bench_options {
     int streams[MAX_LIST], n_streams;
     int counts[MAX_LIST], n_counts;
     bool adapter_modes, json, kv_f32;
-    bool mmap; /* --mmap: a .lpx model used in place from its mapping (lp_model_params.map_in_place) */
+    bool huge_pages; /* --huge-pages: a .lpx model read into 2 MiB pages (lp_model_params.huge_pages) */
     long bw_mib;
     char kernels[256]; /* the kernel levels in use (cli_kernels_line) */
 } bench_options;
@@ -330,7 +330,7 @@ static int bench_speed(const bench_options *o) {
     lp_model_info info = {0};
     char model_name[128] = ""; /* info's strings die with the model */
     uint64_t rss = 0, huge = 0;
-    const lp_model_params mp = {.map_in_place = o->mmap};
+    const lp_model_params mp = {.huge_pages = o->huge_pages};
     for (int ti = 0; ti < o->n_threads; ti++) {
         double load[MAX_REPS], pre[MAX_REPS], dec[MAX_REPS];
         double bw_all[MAX_REPS * BW_PASSES] = {0}, roof[MAX_REPS] = {0};
@@ -401,7 +401,7 @@ static int bench_speed(const bench_options *o) {
         printf("model %s: %s, %.1f MiB file, %.1f MiB weights read per token, peak RSS %.1f MiB "
                "(%.1f MiB in 2 MiB pages%s)\n",
                o->model, model_name, model_bytes / 1048576.0, wbpt / 1048576.0, rss / 1048576.0,
-               huge / 1048576.0, o->mmap ? ", --mmap" : "");
+               huge / 1048576.0, o->huge_pages ? ", --huge-pages" : "");
         printf("prompt %d tokens, %d decoded, %d runs: median (min..max)\n", o->prompt, o->n_gen,
                o->reps);
         printf("%-7s | %-22s | %-24s | %-22s | %-8s | %-18s | %s\n", "threads", "load ms",
@@ -422,9 +422,9 @@ static int bench_speed(const bench_options *o) {
             print_summary_json("machine_read_GBps", r->bw);
             print_summary_json("roofline_fraction", r->roofline);
             printf(",\"model_bytes\":%llu,\"weight_bytes_per_token\":%llu,"
-                   "\"peak_rss_bytes\":%llu,\"huge_page_bytes\":%llu,\"mmap\":%s,\"decode_GBps\":%.4g}\n",
+                   "\"peak_rss_bytes\":%llu,\"huge_page_bytes\":%llu,\"huge_pages\":%s,\"decode_GBps\":%.4g}\n",
                    (unsigned long long)model_bytes, (unsigned long long)wbpt,
-                   (unsigned long long)rss, (unsigned long long)huge, o->mmap ? "true" : "false", eff);
+                   (unsigned long long)rss, (unsigned long long)huge, o->huge_pages ? "true" : "false", eff);
         } else {
             printf("%-7d | %7.1f (%6.1f..%6.1f) | %7.1f (%6.1f..%7.1f) | %6.2f (%6.2f..%6.2f) | "
                    "%8.2f | %5.1f (%5.1f..%5.1f) | %5.1f %%\n",
@@ -460,7 +460,7 @@ static void env_free(bench_env *e) {
 static int env_load(bench_env *e, const bench_options *o, lp_error *err) {
     memset(e, 0, sizeof *e);
     double t0 = lp_now_seconds();
-    const lp_model_params mp = {.map_in_place = o->mmap};
+    const lp_model_params mp = {.huge_pages = o->huge_pages};
     if (!(e->model = lp_model_load(o->model, &mp, err))) return lp_fail_prefix(err, "%s", o->model);
     e->load_ms = (lp_now_seconds() - t0) * 1e3;
     if (o->profile && !(e->profile = lp_profile_load(e->model, o->profile, err))) return -1;
@@ -872,7 +872,7 @@ static int bench_adapter_modes(const bench_options *o) {
     double load_ms[MAX_REPS];
     for (int r = 0; r < o->reps && !failed; r++) {
         double t0 = lp_now_seconds();
-        const lp_model_params mp = {.map_in_place = o->mmap};
+        const lp_model_params mp = {.huge_pages = o->huge_pages};
         lp_model *m = lp_model_load(o->model, &mp, &err);
         lp_context_params mcp = lp_context_default_params();
         mcp.n_threads = o->threads[0];
@@ -1010,8 +1010,8 @@ static void bench_usage(FILE *out) {
             "      --counts LIST       K values for --adapter-modes (default 1,4,10,32, capped\n"
             "                          at the number of adapters)\n"
             "      --kv-f32            KV cache in f32 (default f16)\n"
-            "      --mmap              use a .lpx model in place from its memory map (default:\n"
-            "                          read into 2 MiB pages where the OS grants them)\n"
+            "      --huge-pages        read a .lpx model into 2 MiB pages (a copy) instead of\n"
+            "                          using it in place from its memory map\n"
             "      --json              JSON lines instead of tables\n"
             "      --svg FILE          write a chart (streams and adapter modes)\n"
             "      --speculate ...     speculative decoding per task (bench --speculate --help)\n");
@@ -1038,7 +1038,7 @@ static int parse_bench(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--adapter-modes")) o->adapter_modes = true;
         else if (!strcmp(a, "--kv-f32")) o->kv_f32 = true;
-        else if (!strcmp(a, "--mmap")) o->mmap = true;
+        else if (!strcmp(a, "--huge-pages")) o->huge_pages = true;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) {
             VALUE(); if (!cli_int(a, v, 1, 1 << 16, &k)) return -1;
             o->prompt = (int)k;

@@ -115,8 +115,7 @@ int cli_info(int argc, char **argv) {
     lp_error err = {0};
     char kernels[256];
     if (cli_kernels_line(kernels, sizeof kernels, &err)) return cli_fail("info", &err) + 1;
-    /* reads no weights: mapped, not copied */
-    lp_model_params mp = {.tokenizer_path = tokenizer, .map_in_place = true};
+    lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);
     lp_model_info in;
@@ -181,8 +180,7 @@ int cli_tokenize(int argc, char **argv) {
         return 2;
     }
     lp_error err = {0};
-    /* reads no weights: mapped, not copied */
-    lp_model_params mp = {.tokenizer_path = tokenizer, .map_in_place = true};
+    lp_model_params mp = {.tokenizer_path = tokenizer};
     lp_model *model = lp_model_load(path, &mp, &err);
     if (!model) return cli_fail("cannot load model", &err);
     size_t len = strlen(text);

@@ -32,8 +32,8 @@ static void run_usage(FILE *out) {
             "  -t, --threads N         worker threads (default: all cores)\n"
             "  -c, --ctx N             KV capacity in tokens (default min(model, 4096))\n"
             "      --kv-f32            keep the KV cache in f32 (default f16: half the memory)\n"
-            "      --mmap              use a .lpx model in place from its memory map (no copy;\n"
-            "                          default: read into 2 MiB pages, faster decode)\n"
+            "      --huge-pages        read a .lpx model into 2 MiB pages (a copy) instead of\n"
+            "                          using it in place from its memory map\n"
             "      --chat              wrap the prompt in the model's chat template\n"
             "      --system TEXT       system message for --chat\n"
             "      --no-bos            do not prepend BOS\n"
@@ -67,7 +67,7 @@ typedef struct run_options {
     int n_stop;
     long n_predict, threads, ctx, seed, streams;
     bool seed_set, chat, no_bos, echo, verbose, json, seed_top, kv_f32;
-    bool mmap; /* lp_model_params.map_in_place */
+    bool huge_pages; /* lp_model_params.huge_pages */
     double seed_top_min_p;
     const char *adapter, *adapters, *suffixes, *temps;
     const char *speculate, *tree, *lookup;
@@ -138,7 +138,7 @@ static int parse_run(int argc, char **argv, run_options *o) {
             VALUE(); if (!cli_int(a, v, 8, 1 << 24, &o->ctx)) return -1;
         } else if (!strcmp(a, "--chat")) o->chat = true;
         else if (!strcmp(a, "--kv-f32")) o->kv_f32 = true;
-        else if (!strcmp(a, "--mmap")) o->mmap = true;
+        else if (!strcmp(a, "--huge-pages")) o->huge_pages = true;
         else if (!strcmp(a, "--seed-top")) o->seed_top = true;
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--no-bos")) o->no_bos = true;
@@ -450,7 +450,7 @@ int cli_run(int argc, char **argv) {
     if (!o.seed_set) o.seed = (long)time(NULL);
 
     double t0 = lp_now_seconds();
-    lp_model_params mp = {.tokenizer_path = o.tokenizer, .map_in_place = o.mmap};
+    lp_model_params mp = {.tokenizer_path = o.tokenizer, .huge_pages = o.huge_pages};
     model = lp_model_load(o.model, &mp, &err);
     if (!model) {
         rc = cli_fail("cannot load model", &err);

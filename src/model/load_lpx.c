@@ -272,8 +272,8 @@ int lp_model_load_lpx_image(lp_model *m, const void *data, size_t size, const ch
     return rc;
 }
 
-int lp_model_load_lpx(lp_model *m, const char *path, bool map_in_place, lp_error *err) {
-    if ((map_in_place ? lp_map_file : lp_load_file_huge)(path, &m->lpx_file, err)) return -1;
+int lp_model_load_lpx(lp_model *m, const char *path, bool huge_pages, lp_error *err) {
+    if ((huge_pages ? lp_load_file_huge : lp_map_file)(path, &m->lpx_file, err)) return -1;
     return lp_model_load_lpx_image(m, m->lpx_file.data, m->lpx_file.size, path, err);
 }
 

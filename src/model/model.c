@@ -73,7 +73,7 @@ lp_model *lp_model_load(const char *path, const lp_model_params *params,
     if (is_directory(path)) {
         rc = lp_model_load_hf(m, path, err);
     } else if (lp_is_lpx_file(path)) {
-        rc = lp_model_load_lpx(m, path, params && params->map_in_place, err);
+        rc = lp_model_load_lpx(m, path, params && params->huge_pages, err);
     } else if (has_gguf_magic(path)) {
         /* threads that convert block matrices for the integer kernels;
          * without it (NULL) they convert inline */

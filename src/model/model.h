@@ -101,7 +101,7 @@ int lp_model_load_llama2c(lp_model *m, const char *path,
 
 /* .lpx compiled files (load_lpx.c). The image loader validates a whole
  * 64-byte aligned image used in place (must outlive the model). */
-int lp_model_load_lpx(lp_model *m, const char *path, bool map_in_place, lp_error *err);
+int lp_model_load_lpx(lp_model *m, const char *path, bool huge_pages, lp_error *err);
 int lp_model_load_lpx_image(lp_model *m, const void *data, size_t size, const char *what,
                             lp_error *err);
 /* A whole model from an in-memory .lpx image (fuzzer, tests). */
