@@ -12,7 +12,6 @@
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
-#include <unistd.h>
 
 /* ---- errors ------------------------------------------------------------ */
 
