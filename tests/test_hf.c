@@ -111,7 +111,12 @@ static const char *hf_name(const char *gguf_name, char *buf, size_t cap) {
 static void convert(const char *path, const char *dir, const char *pattern, bool llama3_scaling) {
     lp_error err;
     lp_gguf *g = lp_gguf_open(path, &err);
-    lp_model *m = lp_model_load(path, NULL, &err);
+    lp_model *m = g ? lp_model_load(path, NULL, &err) : NULL;
+    CHECK_MSG(g && m, "%s", err.message); /* a missing input fails here, not by a crash */
+    if (!g || !m) {
+        lp_gguf_close(g);
+        return;
+    }
     const lp_hparams *hp = &m->hp;
     char file[1200];
 
