@@ -52,9 +52,9 @@ typedef struct bench_options {
 
 /* ---- measurements shared by the modes ------------------------------------------------ */
 
-/* A "Vm...:" line of /proc/self/status in bytes (0 where there is none). */
-static uint64_t proc_status_bytes(const char *key) {
-    FILE *f = fopen("/proc/self/status", "r");
+/* A "Key: N kB" line of a /proc file in bytes (0 where there is none). */
+static uint64_t proc_kib_line(const char *path, const char *key) {
+    FILE *f = fopen(path, "r");
     char line[256];
     size_t n = strlen(key);
     uint64_t kib = 0;
@@ -67,20 +67,11 @@ static uint64_t proc_status_bytes(const char *key) {
     return kib * 1024;
 }
 
-/* Bytes of this process's anonymous memory in 2 MiB pages (AnonHugePages of
- * /proc/self/smaps_rollup; 0 where there is none). */
-static uint64_t huge_page_bytes(void) {
-    FILE *f = fopen("/proc/self/smaps_rollup", "r");
-    char line[256];
-    uint64_t kib = 0;
-    while (f && fgets(line, sizeof line, f))
-        if (!strncmp(line, "AnonHugePages:", 14)) {
-            kib = strtoull(line + 14, NULL, 10);
-            break;
-        }
-    if (f) fclose(f);
-    return kib * 1024;
-}
+/* A "Vm...:" line of /proc/self/status in bytes. */
+static uint64_t proc_status_bytes(const char *key) { return proc_kib_line("/proc/self/status", key); }
+
+/* Bytes of this process's anonymous memory in 2 MiB pages. */
+static uint64_t huge_page_bytes(void) { return proc_kib_line("/proc/self/smaps_rollup", "AnonHugePages:"); }
 
 /* Peak resident set of this process in bytes (VmHWM, else ru_maxrss). */
 static uint64_t peak_rss_bytes(void) {
