@@ -57,6 +57,8 @@ x86_64)
     else
       want_int="avx512-vnni"
     fi
+  elif [ "$base" = 1 ] && has avx_vnni; then
+    want_int="avx-vnni"
   elif [ "$base" = 1 ]; then
     want_int="avx2"
   else

@@ -19,16 +19,23 @@ native_float=$(printf '%s\n' "$native" | sed -n 's/.*(float \([a-z0-9-]*\)).*/\1
 echo "this CPU: $native"
 
 # level orders, lowest first
-ints=(reference avx2 avx512-vnni amx-int8 neon-dotprod)
+ints=(reference avx2 avx-vnni avx512-vnni amx-int8 neon-dotprod)
 floats=(reference avx2 avx512)
 idx() { local want=$1; shift; local i=0; for v in "$@"; do [ "$v" = "$want" ] && { echo $i; return; }; i=$((i+1)); done; echo -1; }
 min_of() { local a b; a=$(idx "$1" "${@:3}"); b=$(idx "$2" "${@:3}"); [ "$a" -le "$b" ] && echo "$1" || echo "$2"; }
 
 if [ "$(uname -m)" = x86_64 ]; then
-  caps=(amx avx512-vnni avx512 avx2 reference)
-  declare -A cap_int=([amx]=amx-int8 [avx512-vnni]=avx512-vnni [avx512]=avx2 [avx2]=avx2 [reference]=reference)
-  declare -A cap_float=([amx]=avx512 [avx512-vnni]=avx512 [avx512]=avx512 [avx2]=avx2 [reference]=reference)
-  accepted="amx, avx512-vnni, avx512, avx2, reference"
+  caps=(amx avx512-vnni avx512 avx-vnni avx2 reference)
+  # avx-vnni only where the CPU has it; the avx512 cap runs an AVX-512 CPU
+  # as one without VNNI (so without AVX-VNNI) and lowers nothing below that
+  flag() { grep -m1 '^flags' /proc/cpuinfo | tr ' ' '\n' | grep -qx "$1"; }
+  vnni256=avx2; flag avx_vnni && vnni256=avx-vnni
+  int512=avx2; flag avx512f || int512=$vnni256
+  declare -A cap_int=([amx]=amx-int8 [avx512-vnni]=avx512-vnni [avx512]=$int512 [avx-vnni]=$vnni256 [avx2]=avx2
+                      [reference]=reference)
+  declare -A cap_float=([amx]=avx512 [avx512-vnni]=avx512 [avx512]=avx512 [avx-vnni]=avx2 [avx2]=avx2
+                        [reference]=reference)
+  accepted="amx, avx512-vnni, avx512, avx-vnni, avx2, reference"
 else
   caps=(neon-dotprod reference)
   declare -A cap_int=([neon-dotprod]=neon-dotprod [reference]=reference)

@@ -15,6 +15,7 @@
 static int int_rank(int int_level) {
     switch (int_level) {
     case LP_INT_AVX2: return LP_CPU_CAP_AVX2;
+    case LP_INT_AVXVNNI: return LP_CPU_CAP_AVXVNNI;
     case LP_INT_AVX512VNNI: return LP_CPU_CAP_AVX512VNNI;
     case LP_INT_AMX: return LP_CPU_CAP_AMX;
     case LP_INT_NEON_DOT: return LP_CPU_CAP_NEON_DOT;
@@ -32,12 +33,13 @@ static void test_names(void) {
     static const struct { const char *name; int cap; } ok[] = {
         {"amx", LP_CPU_CAP_AMX},          {"AMX-INT8", LP_CPU_CAP_AMX},      {"avx512-vnni", LP_CPU_CAP_AVX512VNNI},
         {"avx512vnni", LP_CPU_CAP_AVX512VNNI}, {"avx512", LP_CPU_CAP_AVX512}, {"avx2", LP_CPU_CAP_AVX2},
+        {"avx-vnni", LP_CPU_CAP_AVXVNNI},  {"AVXVNNI", LP_CPU_CAP_AVXVNNI},  {"avx_vnni", LP_CPU_CAP_AVXVNNI},
     };
     for (size_t i = 0; i < sizeof ok / sizeof ok[0]; i++) {
         cap = -7;
         CHECK_MSG(lp_cpu_cap_parse(ok[i].name, &cap) == 0 && cap == ok[i].cap, "%s", ok[i].name);
     }
-    CHECK(strcmp(names, "amx, avx512-vnni, avx512, avx2, reference") == 0);
+    CHECK(strcmp(names, "amx, avx512-vnni, avx512, avx-vnni, avx2, reference") == 0);
     CHECK(lp_cpu_cap_parse("neon-dotprod", &cap) == -1); /* another architecture's */
 #elif defined(__aarch64__)
     CHECK(lp_cpu_cap_parse("neon-dotprod", &cap) == 0 && cap == LP_CPU_CAP_NEON_DOT);
@@ -74,6 +76,7 @@ static int all_caps(int caps[8]) {
     caps[n++] = LP_CPU_CAP_AMX;
     caps[n++] = LP_CPU_CAP_AVX512VNNI;
     caps[n++] = LP_CPU_CAP_AVX512;
+    caps[n++] = LP_CPU_CAP_AVXVNNI;
     caps[n++] = LP_CPU_CAP_AVX2;
 #elif defined(__aarch64__)
     caps[n++] = LP_CPU_CAP_NEON_DOT;
@@ -96,11 +99,14 @@ static void test_levels(void) {
         lp_kernels_init_capped(&k, &cpu, cap);
         int top = int_rank(native.int_level) < cap ? int_rank(native.int_level) : cap;
 #if defined(__x86_64__)
-        /* x86 integer levels: reference, avx2, avx512-vnni, amx (no AVX-512 one without VNNI) */
+        /* x86 integer levels: reference, avx2, avx-vnni (the AVX-VNNI flag
+         * without AVX-512 VNNI, or under its cap), avx512-vnni, amx; the
+         * avx512 cap (AVX-512 CPUs without VNNI) takes avx2 */
         int want_int = top >= LP_CPU_CAP_AMX ? LP_INT_AMX
                        : top >= LP_CPU_CAP_AVX512VNNI ? LP_INT_AVX512VNNI
+                       : top >= LP_CPU_CAP_AVXVNNI && top != LP_CPU_CAP_AVX512 && cpu.avxvnni ? LP_INT_AVXVNNI
                        : top >= LP_CPU_CAP_AVX2 ? LP_INT_AVX2 : LP_INT_REF;
-        int float_cap = cap == LP_CPU_CAP_REFERENCE ? 0 : cap == LP_CPU_CAP_AVX2 ? 1 : 2;
+        int float_cap = cap == LP_CPU_CAP_REFERENCE ? 0 : cap == LP_CPU_CAP_AVX2 || cap == LP_CPU_CAP_AVXVNNI ? 1 : 2;
 #else
         int want_int = top == LP_CPU_CAP_REFERENCE ? LP_INT_REF : native.int_level;
         int float_cap = 0;

@@ -303,6 +303,10 @@ static int int_levels(int_level_setup out[6]) {
         lp_kernels_init_capped(&out[n].k, &cpu, LP_CPU_CAP_NONE);
         out[n].k.vbmi = false;
         out[n++].k.int_level = LP_INT_AVX2;
+        if (cpu.avxvnni) {
+            out[n] = out[n - 1];
+            out[n++].k.int_level = LP_INT_AVXVNNI;
+        }
     }
 #endif
     if (best.int_level == LP_INT_AMX) { /* also the VNNI kernel AMX falls back to */
@@ -314,7 +318,8 @@ static int int_levels(int_level_setup out[6]) {
         out[n].k.int_level = LP_INT_AVX512VNNI;
         out[n++].k.vbmi = false;
     }
-    if (best.int_level != LP_INT_REF && best.int_level != LP_INT_AVX2) out[n++].k = best;
+    if (best.int_level != LP_INT_REF && best.int_level != LP_INT_AVX2 && best.int_level != LP_INT_AVXVNNI)
+        out[n++].k = best;
     return n;
 }
 

@@ -74,6 +74,7 @@ void lp_kernels_free(lp_kernels *k) {
 const char *lp_int_level_name(int int_level) {
     switch (int_level) {
     case LP_INT_AVX2: return "avx2";
+    case LP_INT_AVXVNNI: return "avx-vnni";
     case LP_INT_AVX512VNNI: return "avx512-vnni";
     case LP_INT_AMX: return "amx-int8";
     case LP_INT_NEON_DOT: return "neon-dotprod";
@@ -185,6 +186,10 @@ static igemm_fn pick_kernel(const lp_kernels *k, uint32_t type, int group, int64
         static const kernel_set vbmi = {lp_w4_gemm_vnni, lp_w8_gemm_vnni, lp_w4c_gemm_vnni_vbmi};
         return by_type(k->vbmi ? vbmi : vnni, type);
     }
+    case LP_INT_AVXVNNI: {
+        static const kernel_set avxvnni = {lp_w4_gemm_avxvnni, lp_w8_gemm_avxvnni, lp_w4c_gemm_avxvnni};
+        return by_type(avxvnni, type);
+    }
     case LP_INT_AVX2: {
         static const kernel_set avx2 = {lp_w4_gemm_avx2, lp_w8_gemm_avx2, lp_w4c_gemm_avx2};
         return by_type(avx2, type);
@@ -207,7 +212,7 @@ typedef void (*quantize_fn)(const float *x, int64_t cols, int group, int offset,
 static quantize_fn pick_quantizer(int int_level) {
 #if defined(__x86_64__)
     if (int_level == LP_INT_AVX512VNNI || int_level == LP_INT_AMX) return lp_quantize_act_avx512;
-    if (int_level == LP_INT_AVX2) return lp_quantize_act_avx2;
+    if (int_level == LP_INT_AVX2 || int_level == LP_INT_AVXVNNI) return lp_quantize_act_avx2;
 #endif
     (void)int_level;
     return lp_quantize_act_ref;

@@ -18,79 +18,16 @@
 #include <math.h>
 #include <string.h>
 
+#include "packed_avx2.h"
+
 #define AVX2 __attribute__((target("avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
-
-/* How far ahead (bytes of codes) the 1-row tile prefetches its panel stream:
- * farther than the VNNI kernel's 1 KiB per 4-panel tile, as one panel is one
- * stream here (docs/benchmarks.md section 14 has the distances tried). */
-#define PREFETCH_BYTES 8192
-
-static inline int32_t load4(const int8_t *p) {
-    int32_t v;
-    memcpy(&v, p, sizeof v);
-    return v;
-}
-
-AVX2 INLINE void store_rows(const lp_igemm *g, int64_t p, int64_t b, __m256 lo, __m256 hi) {
-    float *y = g->y + b * g->y_stride + p * LP_PANEL;
-    int64_t left = g->rows - p * LP_PANEL;
-    if (left >= LP_PANEL) {
-        _mm256_storeu_ps(y, lo);
-        _mm256_storeu_ps(y + 8, hi);
-        return;
-    }
-    _Alignas(32) float tmp[16];
-    _mm256_store_ps(tmp, lo);
-    _mm256_store_ps(tmp + 8, hi);
-    for (int64_t i = 0; i < left; i++) y[i] = tmp[i];
-}
-
-/* The 8 row scales of half h of group gi of a panel: f16, or W4C's 8-bit
- * scales added to the row bases as lp_w4c_scale does. */
-AVX2 INLINE __m256 scales8(uint32_t type, const lp_packed_geom *ge, const uint8_t *panel, int64_t gi, int h) {
-    const uint8_t *s = panel + ge->scales_offset + (size_t)gi * ge->scale_bytes;
-    if (type != LP_W4C) return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(s + 16 * h)));
-    __m256i k = _mm256_cvtepu8_epi32(_mm_loadl_epi64((const __m128i *)(s + 8 * h)));
-    __m256i bits = _mm256_add_epi32(_mm256_loadu_si256((const __m256i *)(panel + 32 * h)),
-                                    _mm256_slli_epi32(_mm256_and_si256(k, _mm256_set1_epi32(0x7f)), 19));
-    __m256i sign = _mm256_slli_epi32(_mm256_and_si256(k, _mm256_set1_epi32(0x80)), 24);
-    return _mm256_castsi256_ps(_mm256_or_si256(bits, sign));
-}
 
 /* acc += signed bytes w times x (4 bytes broadcast), by the sign trick. */
 AVX2 INLINE __m256i dot_signed(__m256i acc, __m256i w, int32_t x4) {
     const __m256i ones = _mm256_set1_epi16(1);
     __m256i sx = _mm256_sign_epi8(_mm256_set1_epi32(x4), w);
     return _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_abs_epi8(w), sx), ones));
-}
-
-/* Groups ahead of the one being computed that the 1-row tile prefetches:
- * `bytes` of codes (at least one group, at most the panel's). */
-AVX2 INLINE int64_t prefetch_groups(const lp_packed_geom *ge, size_t bytes) {
-    int64_t ahead = (int64_t)(bytes / ge->code_bytes);
-    if (ahead < 1) ahead = 1;
-    return ahead > ge->groups ? ge->groups : ahead;
-}
-
-/* Software prefetch (into L2) of group gi + ahead of panel p's stream,
- * running on into panel p + 1 if this thread takes it too: without it the
- * 1-row tile waits on the first load of nearly every chunk (the hardware
- * prefetchers alone lag the stream). As the VNNI kernel's
- * prefetch_ahead_by, for a tile of one panel. */
-AVX2 INLINE void prefetch_ahead(const lp_igemm *g, const uint8_t *panel, int64_t p, int64_t gi, int64_t ahead) {
-    const lp_packed_geom *ge = &g->geom;
-    int64_t ga = gi + ahead;
-    if (ga >= ge->groups) {
-        if (p + 1 >= g->prefetch_p1) return;
-        ga -= ge->groups;
-        panel += ge->panel_bytes;
-    }
-    const char *codes = (const char *)panel + ge->codes_offset + (size_t)ga * ge->code_bytes;
-    for (size_t o = 0; o < ge->code_bytes; o += 64) _mm_prefetch(codes + o, _MM_HINT_T1);
-    size_t at = ge->scales_offset + (size_t)ga * ge->scale_bytes;
-    if (ga == 0 && ge->scales_offset) _mm_prefetch((const char *)panel, _MM_HINT_T1); /* W4C row bases */
-    if (at % 64 < ge->scale_bytes) _mm_prefetch((const char *)panel + at, _MM_HINT_T1);
 }
 
 /* One panel x B batch rows (B <= 2: 2 halves x B x (int + float) = 8 ymm). */
@@ -107,10 +44,10 @@ AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, i
     for (int h = 0; h < 2; h++)
         for (int b = 0; b < B; b++) accf[h][b] = _mm256_setzero_ps();
     /* the first batch rows of a panel stream it from memory; later ones find it in cache */
-    const int64_t ahead = b0 > 0 ? 0 : prefetch_groups(ge, PREFETCH_BYTES);
+    const int64_t ahead = b0 > 0 ? 0 : lp_prefetch_groups256(ge, LP_AVX2_PREFETCH_BYTES);
     for (int64_t gi = 0; gi < groups; gi++) {
         __m256i acc[2][2];
-        if (ahead) prefetch_ahead(g, panel, p, gi, ahead);
+        if (ahead) lp_prefetch_ahead256(g, panel, p, gi, ahead);
         const int8_t *xg = a->q + b0 * qs + gi * G;
         const uint8_t *cg = codes + (size_t)gi * ge->code_bytes;
         if (type == LP_W4) {
@@ -126,8 +63,8 @@ AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, i
                         __m256i hi = _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4);
                         for (int b = 0; b < B; b++) {
                             const int8_t *x = xg + b * qs + 8 * k;
-                            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(load4(x))),
-                                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(load4(x + 4))));
+                            __m256i t = _mm256_add_epi16(_mm256_maddubs_epi16(lo, _mm256_set1_epi32(lp_load4(x))),
+                                                         _mm256_maddubs_epi16(hi, _mm256_set1_epi32(lp_load4(x + 4))));
                             s16[h][b] = _mm256_add_epi16(s16[h][b], t);
                         }
                     }
@@ -144,7 +81,7 @@ AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, i
                     __m256i hi = _mm256_shuffle_epi8(levels, _mm256_and_si256(_mm256_srli_epi16(raw, 4), m4));
                     for (int b = 0; b < B; b++) {
                         const int8_t *x = xg + b * qs + 8 * k;
-                        acc[h][b] = dot_signed(dot_signed(acc[h][b], lo, load4(x)), hi, load4(x + 4));
+                        acc[h][b] = dot_signed(dot_signed(acc[h][b], lo, lp_load4(x)), hi, lp_load4(x + 4));
                     }
                 }
         } else {
@@ -152,18 +89,19 @@ AVX2 INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, i
             for (int k = 0; k < G / 4; k++)
                 for (int h = 0; h < 2; h++) {
                     __m256i w = _mm256_xor_si256(_mm256_loadu_si256((const __m256i *)(cg + 64 * k + 32 * h)), bias);
-                    for (int b = 0; b < B; b++) acc[h][b] = dot_signed(acc[h][b], w, load4(xg + b * qs + 4 * k));
+                    for (int b = 0; b < B; b++) acc[h][b] = dot_signed(acc[h][b], w, lp_load4(xg + b * qs + 4 * k));
                 }
         }
         for (int h = 0; h < 2; h++) {
-            __m256 dw = scales8(type, ge, panel, gi, h);
+            __m256 dw = lp_panel_scales256(type, ge, panel, gi, h);
             for (int b = 0; b < B; b++) {
                 __m256 dwdx = _mm256_mul_ps(dw, _mm256_set1_ps(a->d[(b0 + b) * groups + gi]));
                 accf[h][b] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(acc[h][b]), dwdx, accf[h][b]);
             }
         }
     }
-    for (int b = 0; b < B; b++) store_rows(g, p, b0 + b, accf[0][b], accf[1][b]);
+    for (int h = 0; h < 2; h++)
+        for (int b = 0; b < B; b++) lp_store_half256(g, p, b0 + b, h, accf[h][b]);
 }
 
 AVX2 INLINE void gemm(const lp_igemm *g, uint32_t type) {

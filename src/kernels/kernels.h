@@ -75,7 +75,9 @@ lp_weight lp_packed_weight(uint32_t type, int group, int64_t rows, int64_t cols,
 enum { LP_INT_REF = 0, LP_INT_AVX2 = 1, LP_INT_AVX512VNNI = 2, LP_INT_NEON_DOT = 3,
        /* AMX tiles for batches (prefill), AVX-512 VNNI below LP_AMX_MIN_BATCH
         * rows; same bits as every other level */
-       LP_INT_AMX = 4 };
+       LP_INT_AMX = 4,
+       /* 256-bit vpdpbusd (AVX-VNNI) on CPUs without AVX-512 */
+       LP_INT_AVXVNNI = 5 };
 
 /* Kernel dispatch table, filled once per context from the CPU features. */
 typedef struct lp_kernels {
@@ -121,20 +123,23 @@ typedef struct lp_kernels {
 
 /* Ceilings on the levels lp_kernels_init picks, lowest first: the dispatch
  * runs as it would on a CPU that has at most that level (e.g. an AMX box
- * measured as an AVX-512 VNNI one). AVX512: the AVX-512 float kernels with
- * the AVX2 integer ones; NEON_DOT: Arm's only level above the reference.
+ * measured as an AVX-512 VNNI one). AVXVNNI: the AVX2 float kernels with
+ * the AVX-VNNI integer ones (a client core without AVX-512); AVX512: the
+ * AVX-512 float kernels with the AVX2 integer ones (the AVX-512 CPUs
+ * without VNNI have no AVX-VNNI either); NEON_DOT: Arm's only level above
+ * the reference.
  * Every level gives the integer kernels' bits, so a cap changes speed, not
  * results (the float kernels of different levels may differ in the last
  * bits). */
-enum { LP_CPU_CAP_REFERENCE = 0, LP_CPU_CAP_AVX2, LP_CPU_CAP_AVX512, LP_CPU_CAP_AVX512VNNI, LP_CPU_CAP_AMX,
+enum { LP_CPU_CAP_REFERENCE = 0, LP_CPU_CAP_AVX2, LP_CPU_CAP_AVXVNNI, LP_CPU_CAP_AVX512, LP_CPU_CAP_AVX512VNNI, LP_CPU_CAP_AMX,
        LP_CPU_CAP_NEON_DOT, LP_CPU_CAP_NONE };
 /* The environment variable, and the values it takes on this build's
  * architecture, as a list for messages: x86-64 "amx, avx512-vnni, avx512,
- * avx2, reference"; aarch64 "neon-dotprod, reference". */
+ * avx-vnni, avx2, reference"; aarch64 "neon-dotprod, reference". */
 #define LP_CPU_ENV "LORAPLEX_CPU"
 const char *lp_cpu_cap_names(void);
 /* Parses a cap name (case-insensitive; "amx-int8" = "amx", "avx512vnni" =
- * "avx512-vnni", "dotprod" = "neon-dotprod", "ref" / "c" = "reference") into
+ * "avx512-vnni", "avxvnni" = "avx-vnni", "dotprod" = "neon-dotprod", "ref" / "c" = "reference") into
  * *cap. Returns 0, or -1 for anything else, names of another architecture
  * included. */
 int lp_cpu_cap_parse(const char *text, int *cap);

@@ -135,7 +135,8 @@ typedef struct lp_igemm {
     int64_t y_stride;
     /* 0, or how far ahead (bytes) a single-panel decode tile prefetches its
      * stream: a LoRA task's share is one short panel, where the base's
-     * matrices are long runs of panels */
+     * matrices are long runs of panels (the AVX-512 kernel; the 256-bit
+     * ones prefetch 8 KiB ahead anyway) */
     size_t stream_prefetch;
 } lp_igemm;
 
@@ -150,6 +151,9 @@ void lp_w4c_gemm_ref(const lp_igemm *g);
 void lp_w4_gemm_avx2(const lp_igemm *g);
 void lp_w8_gemm_avx2(const lp_igemm *g);
 void lp_w4c_gemm_avx2(const lp_igemm *g);
+void lp_w4_gemm_avxvnni(const lp_igemm *g); /* needs AVX-VNNI */
+void lp_w8_gemm_avxvnni(const lp_igemm *g);
+void lp_w4c_gemm_avxvnni(const lp_igemm *g);
 void lp_w4_gemm_vnni(const lp_igemm *g);
 void lp_w8_gemm_vnni(const lp_igemm *g);
 void lp_w4c_gemm_vnni(const lp_igemm *g);

@@ -46,8 +46,9 @@ typedef struct cap_alias {
 static const cap_alias k_caps[] = {
 #if defined(__x86_64__)
     {"amx", LP_CPU_CAP_AMX},           {"avx512-vnni", LP_CPU_CAP_AVX512VNNI}, {"avx512", LP_CPU_CAP_AVX512},
-    {"avx2", LP_CPU_CAP_AVX2},         {"reference", LP_CPU_CAP_REFERENCE},    {"amx-int8", LP_CPU_CAP_AMX},
-    {"avx512vnni", LP_CPU_CAP_AVX512VNNI}, {"avx512_vnni", LP_CPU_CAP_AVX512VNNI},
+    {"avx-vnni", LP_CPU_CAP_AVXVNNI},  {"avx2", LP_CPU_CAP_AVX2},              {"reference", LP_CPU_CAP_REFERENCE},
+    {"amx-int8", LP_CPU_CAP_AMX},      {"avx512vnni", LP_CPU_CAP_AVX512VNNI},  {"avx512_vnni", LP_CPU_CAP_AVX512VNNI},
+    {"avxvnni", LP_CPU_CAP_AVXVNNI},   {"avx_vnni", LP_CPU_CAP_AVXVNNI},
 #elif defined(__aarch64__)
     {"neon-dotprod", LP_CPU_CAP_NEON_DOT}, {"reference", LP_CPU_CAP_REFERENCE}, {"dotprod", LP_CPU_CAP_NEON_DOT},
 #else
@@ -58,7 +59,7 @@ static const cap_alias k_caps[] = {
 
 const char *lp_cpu_cap_names(void) {
 #if defined(__x86_64__)
-    return "amx, avx512-vnni, avx512, avx2, reference";
+    return "amx, avx512-vnni, avx512, avx-vnni, avx2, reference";
 #elif defined(__aarch64__)
     return "neon-dotprod, reference";
 #else
@@ -114,7 +115,8 @@ void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap) 
     if (cap == LP_CPU_CAP_REFERENCE) return;
 #if defined(__x86_64__)
     bool avx2 = cpu->avx2 && cpu->fma && cpu->f16c;
-    bool avx512 = avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cap != LP_CPU_CAP_AVX2;
+    bool avx512 = avx2 && cpu->avx512f && cpu->avx512bw && cpu->avx512vl && cap != LP_CPU_CAP_AVX2 &&
+                  cap != LP_CPU_CAP_AVXVNNI;
     if (avx512) {
         k->level = 2;
         k->dot_f32 = lp_dot_f32_avx512;
@@ -138,6 +140,10 @@ void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap) 
         bool amx = cap != LP_CPU_CAP_AVX512VNNI && k->vbmi && lp_amx_available();
         k->int_level = amx ? LP_INT_AMX : LP_INT_AVX512VNNI;
     }
+    /* capped at avx512 on an AVX-512 CPU: run as one without VNNI, which
+     * has no AVX-VNNI either */
+    else if (avx2 && cpu->avxvnni && cap != LP_CPU_CAP_AVX2 && !(avx512 && cap == LP_CPU_CAP_AVX512))
+        k->int_level = LP_INT_AVXVNNI;
     else if (avx2)
         k->int_level = LP_INT_AVX2;
 #elif defined(LP_HAVE_NEON_DOT)
