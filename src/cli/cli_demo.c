@@ -1,6 +1,8 @@
 /* loraplex demo: the built-in default job, on the project's own demo world
- * (models/demo: a small llama base trained from scratch by our trainer and
- * one LoRA adapter per task, see models/demo/README.md).
+ * (models/demo-v2: nine languages in four scripts, or version 1's
+ * models/demo: three languages; each a small llama base trained from
+ * scratch by our trainer and one LoRA adapter per task, see the folder's
+ * README.md).
  *
  *   1. every task answered on sample inputs by hot-swapping that task's
  *      adapter into one slot of a live context (the swap is timed: it is a
@@ -20,6 +22,7 @@
 
 #include "../base/base.h"
 #include "../world/world.h"
+#include "../world/world2.h"
 #include "cli.h"
 
 /* ---- finding the artifacts --------------------------------------------------- */
@@ -35,15 +38,17 @@ static bool is_demo_dir(const char *dir) {
     return file_exists(path);
 }
 
-/* LORAPLEX_DEMO_DIR, else models/demo in the executable's folder or one of
- * its parents (a build folder inside the source tree), else in the current
- * directory. */
-bool cli_find_demo_dir(char *out, size_t cap) {
-    const char *env = getenv("LORAPLEX_DEMO_DIR");
-    if (env && env[0]) {
-        snprintf(out, cap, "%s", env);
-        return is_demo_dir(out);
-    }
+/* A version-2 world's folder: its compose adapter (version 1 has no such
+ * task) is the mark. */
+static bool is_world2_dir(const char *dir) {
+    char path[PATH_MAX + 32];
+    snprintf(path, sizeof path, "%s/adapters/compose.lpa", dir);
+    return file_exists(path);
+}
+
+/* models/<name> in the executable's folder or one of its parents (a build
+ * folder inside the source tree), else in the current directory. */
+static bool find_models_dir(const char *name, char *out, size_t cap) {
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -52,12 +57,24 @@ bool cli_find_demo_dir(char *out, size_t cap) {
             char *slash = strrchr(exe, '/');
             if (!slash) break;
             *slash = '\0';
-            int len = snprintf(out, cap, "%s/models/demo", exe);
+            int len = snprintf(out, cap, "%s/models/%s", exe, name);
             if (len > 0 && (size_t)len < cap && is_demo_dir(out)) return true;
         }
     }
-    snprintf(out, cap, "models/demo");
+    snprintf(out, cap, "models/%s", name);
     return is_demo_dir(out);
+}
+
+/* LORAPLEX_DEMO_DIR, else version 1's models/demo: the default stays there
+ * until version 2's adapters reach their targets (models/demo-v2/README.md);
+ * LORAPLEX_DEMO_DIR=models/demo-v2 runs the nine-language world. */
+bool cli_find_demo_dir(char *out, size_t cap) {
+    const char *env = getenv("LORAPLEX_DEMO_DIR");
+    if (env && env[0]) {
+        snprintf(out, cap, "%s", env);
+        return is_demo_dir(out);
+    }
+    return find_models_dir("demo", out, cap);
 }
 
 /* ---- the fallback: stories260K --------------------------------------------------- */
@@ -130,15 +147,47 @@ static int stories_demo(void) {
 
 /* ---- the demo world ----------------------------------------------------------------- */
 
-enum { N_STYLES = 4, SAMPLES_PER_TASK = 2, MAX_NEW = 64 };
+enum { N_STYLES = 4, MAX_NEW = 64, MAX_TASKS = LP_W2_N_TASKS > LP_WORLD_N_TASKS ? LP_W2_N_TASKS : LP_WORLD_N_TASKS };
 static const char *const style_names[N_STYLES] = {"formal", "polite", "jovial", "terse"};
 
 typedef struct demo {
+    lp_world2 *w2; /* the version-2 generator, or NULL for version 1 */
     lp_model *model;
     lp_context *ctx;
-    lp_adapter *adapter[LP_WORLD_N_TASKS]; /* by world task index */
+    lp_adapter *adapter[MAX_TASKS]; /* by world task index; NULL for a task with no adapter */
     lp_sampler *greedy;
 } demo;
+
+/* The two world versions behind one face: tasks, languages, records. */
+static int n_tasks(const demo *d) { return d->w2 ? LP_W2_N_TASKS : LP_WORLD_N_TASKS; }
+static int n_langs(const demo *d) { return d->w2 ? LP_W2_N_LANGS : LP_N_LANGS; }
+static const char *task_name(const demo *d, int t) {
+    return d->w2 ? lp_world2_task_name(t) : lp_world_task_name(t);
+}
+static bool task_trained(const demo *d, int t) { return d->w2 ? lp_world2_task_trained(t) : true; }
+static int task_from_name(const demo *d, const char *name) {
+    return d->w2 ? lp_world2_task_from_name(name) : lp_world_task_from_name(name);
+}
+/* Samples per task: version 2 shows each task in three of its nine
+ * languages, so every script appears. */
+static int samples_per_task(const demo *d) { return d->w2 ? 3 : 2; }
+
+/* "vl (Latin)" for version 2's languages, the code alone for version 1's;
+ * a translation's source and target both. */
+static void lang_label(const demo *d, const char *code, char *out, size_t cap) {
+    if (!d->w2) {
+        snprintf(out, cap, "%s", code);
+        return;
+    }
+    char src[8];
+    snprintf(src, sizeof src, "%s", code);
+    char *arrow = strchr(src, '>');
+    if (arrow) *arrow = '\0';
+    int a = lp_world2_lang_from_code(src), b = arrow ? lp_world2_lang_from_code(arrow + 1) : -1;
+    if (a < 0) snprintf(out, cap, "%s", code);
+    else if (b < 0) snprintf(out, cap, "%s (%s)", code, lp_world2_lang_script(a));
+    else snprintf(out, cap, "%s (%s > %s)", code, lp_world2_lang_script(a), lp_world2_lang_script(b));
+}
 
 /* Collects generated text (one buffer per stream). */
 typedef struct text_buf {
@@ -202,26 +251,31 @@ static double answer(demo *d, const char *prompt, int slot, char *out, size_t ca
     return dt;
 }
 
-/* A record of `task` whose meaning is in the eval split (never trained on). */
-static void eval_sample(lp_rng *rng, int task, int lang, lp_world_record *r) {
-    for (int tries = 0; tries < 10000; tries++)
-        if (lp_world_key_is_eval(lp_world_make_record(rng, task, lang, r), 10)) return;
+/* A record of `task` whose meaning is in the eval split (never trained on;
+ * both versions hold out 10 % of the meanings). */
+static void eval_sample(const demo *d, lp_rng *rng, int task, int lang, lp_world_record *r) {
+    for (int tries = 0; tries < 10000; tries++) {
+        uint64_t key = d->w2 ? lp_world2_make_record(d->w2, rng, task, lang, r) : lp_world_make_record(rng, task, lang, r);
+        if (lp_world_key_is_eval(key, 10)) return;
+    }
 }
 
 static int show_tasks(demo *d, lp_rng *rng) {
     lp_error err;
     printf("== 1. one base, one adapter per task, swapped live into slot 1 ==\n");
     int hits = 0, total = 0;
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
+    for (int t = 0; t < n_tasks(d); t++) {
+        if (!d->adapter[t]) continue;
         double t0 = lp_now_seconds();
         if (lp_context_bind_adapter(d->ctx, 1, d->adapter[t], &err) != 0)
             return cli_fail("bind adapter", &err);
         double swap_us = (lp_now_seconds() - t0) * 1e6;
-        printf("\n[%s]  adapter %s.lpa -> slot 1 (swap %.2f us)\n", lp_world_task_name(t),
-               lp_world_task_name(t), swap_us);
-        for (int k = 0; k < SAMPLES_PER_TASK; k++) {
+        printf("\n[%s]  adapter %s.lpa -> slot 1 (swap %.2f us)\n", task_name(d, t), task_name(d, t), swap_us);
+        const int per = samples_per_task(d);
+        for (int k = 0; k < per; k++) {
             lp_world_record r;
-            eval_sample(rng, t, (t + k) % LP_N_LANGS, &r);
+            /* version 2: consecutive languages, so the tasks go round all nine */
+            eval_sample(d, rng, t, (d->w2 ? t * per + k : t + k) % n_langs(d), &r);
             char got[512], base[512];
             double dt = answer(d, r.prompt, 1, got, sizeof got, &err);
             if (dt < 0) return cli_fail("generate", &err);
@@ -231,7 +285,9 @@ static int show_tasks(demo *d, lp_rng *rng) {
             char prompt[768];
             snprintf(prompt, sizeof prompt, "%s", r.prompt);
             cut_newline(prompt);
-            printf("  %-5s %s\n", r.lang, prompt);
+            char lang[64];
+            lang_label(d, r.lang, lang, sizeof lang);
+            printf("  %-5s %s\n", lang, prompt);
             printf("        adapter: %s  [%s, %.0f ms]\n", got, ok ? "exact" : "differs",
                    dt * 1e3);
             if (!ok) printf("        expected: %s\n", r.completion);
@@ -256,14 +312,14 @@ static int show_styles(demo *d, lp_rng *rng) {
     for (int s = 0; s < N_STYLES; s++) {
         char name[32];
         snprintf(name, sizeof name, "style-%s", style_names[s]);
-        int task = lp_world_task_from_name(name);
-        if (task < 0 || lp_context_bind_adapter(d->ctx, s + 1, d->adapter[task], &err) != 0)
+        int task = task_from_name(d, name);
+        if (task < 0 || !d->adapter[task] || lp_context_bind_adapter(d->ctx, s + 1, d->adapter[task], &err) != 0)
             return cli_fail("bind style adapter", &err);
     }
     double bind_us = (lp_now_seconds() - t0) * 1e6;
     /* A neutral English sentence from the eval split. */
     lp_world_record r;
-    eval_sample(rng, lp_world_task_from_name("style-formal"), LP_LANG_EN, &r);
+    eval_sample(d, rng, task_from_name(d, "style-formal"), 0 /* English in both versions */, &r);
     const char *colon = strchr(r.prompt, ':');
     char sentence[sizeof r.prompt];
     snprintf(sentence, sizeof sentence, "%s", colon ? colon + 2 : r.prompt);
@@ -317,8 +373,9 @@ done:
 static void demo_free(demo *d) {
     lp_sampler_free(d->greedy);
     lp_context_free(d->ctx);
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++) lp_adapter_free(d->adapter[t]);
+    for (int t = 0; t < MAX_TASKS; t++) lp_adapter_free(d->adapter[t]);
     lp_model_free(d->model);
+    lp_world2_free(d->w2);
 }
 
 static int world_demo(const char *dir, long seed, int threads) {
@@ -326,6 +383,10 @@ static int world_demo(const char *dir, long seed, int threads) {
     demo d = {0};
     int rc = 1;
     char path[PATH_MAX + 64];
+    if (is_world2_dir(dir) && !(d.w2 = lp_world2_create(&err))) {
+        cli_fail("world generator", &err);
+        goto done;
+    }
     snprintf(path, sizeof path, "%s/base.gguf", dir);
     double t0 = lp_now_seconds();
     if (!(d.model = lp_model_load(path, NULL, &err))) {
@@ -335,23 +396,33 @@ static int world_demo(const char *dir, long seed, int threads) {
     double load_ms = (lp_now_seconds() - t0) * 1e3;
     lp_model_info info;
     lp_model_get_info(d.model, &info);
-    printf("loraplex demo: the demo world (%s)\n", dir);
+    if (d.w2) {
+        printf("loraplex demo: the demo world, version 2 (%s): %d languages,", dir, LP_W2_N_LANGS);
+        for (int l = 0; l < LP_W2_N_LANGS; l++)
+            printf(" %s %s (%s)%s", lp_world2_lang_code(l), lp_world2_lang_name(l), lp_world2_lang_script(l),
+                   l + 1 < LP_W2_N_LANGS ? "," : "\n");
+    } else {
+        printf("loraplex demo: the demo world, version 1 (%s)\n", dir);
+    }
     printf("base: %s, %.2fM parameters, dim %d, %d layers, %d/%d heads, vocab %d, "
            "%.1f MB; loaded in %.0f ms\n",
            path, info.n_params / 1e6, info.dim, info.n_layers, info.n_heads, info.n_kv_heads,
            info.n_vocab, info.weight_bytes / 1e6, load_ms);
     t0 = lp_now_seconds();
     uint64_t adapter_bytes = 0;
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++) {
-        snprintf(path, sizeof path, "%s/adapters/%s.lpa", dir, lp_world_task_name(t));
+    int n_adapters = 0;
+    for (int t = 0; t < n_tasks(&d); t++) {
+        if (!task_trained(&d, t)) continue; /* version 2's style-curious: the style no adapter saw */
+        snprintf(path, sizeof path, "%s/adapters/%s.lpa", dir, task_name(&d, t));
         if (!(d.adapter[t] = lp_adapter_load(d.model, path, 1.0f, &err))) {
             cli_fail(path, &err);
             goto done;
         }
         adapter_bytes += lp_adapter_bytes(d.adapter[t]);
+        n_adapters++;
     }
-    printf("adapters: %d (.lpa), %.2f MB together; loaded in %.0f ms\n\n", LP_WORLD_N_TASKS,
-           adapter_bytes / 1e6, (lp_now_seconds() - t0) * 1e3);
+    printf("adapters: %d (.lpa), %.2f MB together; loaded in %.0f ms\n\n", n_adapters, adapter_bytes / 1e6,
+           (lp_now_seconds() - t0) * 1e3);
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = threads;
     cp.max_adapters = N_STYLES;
@@ -381,7 +452,8 @@ int cli_demo(int argc, char **argv) {
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: loraplex demo [--seed S] [-t THREADS]\n"
                    "Runs the demo world's base with its task adapters (models/demo, or\n"
-                   "LORAPLEX_DEMO_DIR); --seed picks the sample inputs (default 7).\n");
+                   "LORAPLEX_DEMO_DIR, e.g. models/demo-v2 for the nine-language world);\n"
+                   "--seed picks the sample inputs (default 7).\n");
             return 0;
         }
         if (!(v = cli_value(argc, argv, &i))) return 2;
