@@ -1,6 +1,6 @@
 /* loraplex demo: the built-in default job, on the project's own demo world
- * (models/demo-v2: nine languages in four scripts, or version 1's
- * models/demo: three languages; each a small llama base trained from
+ * (models/demo: three languages, the default; or models/demo-v2: nine
+ * languages in six scripts; each a small llama base trained from
  * scratch by our trainer and one LoRA adapter per task, see the folder's
  * README.md).
  *
@@ -46,9 +46,17 @@ static bool is_world2_dir(const char *dir) {
     return file_exists(path);
 }
 
-/* models/<name> in the executable's folder or one of its parents (a build
- * folder inside the source tree), else in the current directory. */
-static bool find_models_dir(const char *name, char *out, size_t cap) {
+/* LORAPLEX_DEMO_DIR, else models/demo in the executable's folder or one of
+ * its parents (a build folder inside the source tree), else in the current
+ * directory. The default stays version 1's world until version 2's
+ * adapters reach their targets (models/demo-v2/README.md);
+ * LORAPLEX_DEMO_DIR=models/demo-v2 runs the nine-language world. */
+bool cli_find_demo_dir(char *out, size_t cap) {
+    const char *env = getenv("LORAPLEX_DEMO_DIR");
+    if (env && env[0]) {
+        snprintf(out, cap, "%s", env);
+        return is_demo_dir(out);
+    }
     char exe[PATH_MAX];
     ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
     if (n > 0) {
@@ -57,24 +65,12 @@ static bool find_models_dir(const char *name, char *out, size_t cap) {
             char *slash = strrchr(exe, '/');
             if (!slash) break;
             *slash = '\0';
-            int len = snprintf(out, cap, "%s/models/%s", exe, name);
+            int len = snprintf(out, cap, "%s/models/demo", exe);
             if (len > 0 && (size_t)len < cap && is_demo_dir(out)) return true;
         }
     }
-    snprintf(out, cap, "models/%s", name);
+    snprintf(out, cap, "models/demo");
     return is_demo_dir(out);
-}
-
-/* LORAPLEX_DEMO_DIR, else version 1's models/demo: the default stays there
- * until version 2's adapters reach their targets (models/demo-v2/README.md);
- * LORAPLEX_DEMO_DIR=models/demo-v2 runs the nine-language world. */
-bool cli_find_demo_dir(char *out, size_t cap) {
-    const char *env = getenv("LORAPLEX_DEMO_DIR");
-    if (env && env[0]) {
-        snprintf(out, cap, "%s", env);
-        return is_demo_dir(out);
-    }
-    return find_models_dir("demo", out, cap);
 }
 
 /* ---- the fallback: stories260K --------------------------------------------------- */
