@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The committed demo world artifacts work: `loraplex demo` runs on
-# models/demo and shows every task and the four concurrent styles; the
+# models/demo (its adapters fitted to the shared QUAD profile) and shows
+# every task and the four concurrent styles; the
 # committed base with a committed adapter reaches high exact match on
 # committed eval records (and the base alone does not); every adapter loads
 # in both its forms (.lpa and PEFT directory).
@@ -38,6 +39,10 @@ run_demo() {
 # the demo: every task section, the styles section, no error
 run_demo "$demo" "$tasks"
 grep -q "swap" <<<"$out" && ok || bad "demo output lacks the swap time"
+# version 1 has QUAD's fitted adapters (models/demo/quad): the demo runs them
+# under the shared profile and says so
+grep -q "int8 codes under one shared QUAD profile, quad/shared.lpq" <<<"$out" &&
+  grep -q "^\[correct\]  adapter quad/correct.lpa" <<<"$out" && ok || bad "demo does not run the shared-profile adapters"
 # version 2: nine trained tasks, no section for the unseen
 # style, samples in every script, the four styles
 run_demo "$v2" "$tasks compose"

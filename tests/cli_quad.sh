@@ -4,7 +4,10 @@
 # profile and its AIMET encodings; `quad ptq` and `quad fit` (a few steps,
 # on the f32 base and on a W4A8 base compiled unfused) write adapters as
 # codes under it; eval-tasks runs them with the profile bound and refuses
-# them without it; fit is deterministic with a seed; bad input fails clearly.
+# them without it; fit is deterministic with a seed, holds records out and
+# keeps its step of least held-out loss; activation encodings are clipped by
+# the calibration histograms unless --act-calib minmax; bad input fails
+# clearly.
 set -u
 bin="$1"; work="$3/cli_quad_tmp"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -33,6 +36,14 @@ grep -Eq -- "-> (anchor (correct|translate)|fallback)" <<<"$out" && ok || bad "n
 [ -s "$work/s.lpq" ] && ok || bad "no profile written"
 grep -q '"param_encodings"' "$work/aimet.json" && grep -q '"blk.0.attn_q.lora_A"' "$work/aimet.json" &&
   grep -q '"blk.3.ffn_down.lora_t"' "$work/aimet.json" && ok || bad "AIMET encodings incomplete"
+"$bin" quad profile --base "$demo/base.gguf" --adapters "correct=$A/correct.lpa,translate=$A/translate.lpa" \
+  --calib "$T" --calib-n 3 --seq 64 --bits 8 --act-calib minmax -o "$work/mm.lpq" --threads 2 >/dev/null 2>"$work/mm.err" &&
+  grep -q "(min / max ranges)" "$work/mm.err" && grep -q "(least-squared-error clipped ranges)" "$work/p.err" && ok ||
+  bad "--act-calib minmax / the default not stated: $(cat "$work/mm.err")"
+cmp -s "$work/s.lpq" "$work/mm.lpq" && bad "min/max and histogram-clipped profiles are the same file" || ok
+"$bin" quad profile --base "$demo/base.gguf" --adapters "correct=$A/correct.lpa" --calib "$T" --act-calib p99 \
+  -o "$work/p99.lpq" >/dev/null 2>&1; rc=$?
+[ $rc -eq 2 ] && ok || bad "--act-calib p99 accepted (rc $rc)"
 "$bin" quad profile --base "$demo/base.gguf" --adapters "x=$A/correct.lpa" --calib "$T" -o "$work/x.lpq" \
   --threads 2 >/dev/null 2>"$work/x.err"
 grep -q "x.train.jsonl\|x.eval.jsonl" "$work/x.err" && ok || bad "missing calibration file not named: $(cat "$work/x.err")"
@@ -40,10 +51,21 @@ grep -q "x.train.jsonl\|x.eval.jsonl" "$work/x.err" && ok || bad "missing calibr
 "$bin" quad ptq --base "$demo/base.gguf" --profile "$work/s.lpq" --adapter "$A/correct.lpa" -o "$work/c-ptq.lpa" \
   2>"$work/ptq.err" && ok || { bad "quad ptq"; cat "$work/ptq.err" >&2; }
 fit() { "$bin" quad fit --base "$demo/base.gguf" --profile "$work/s.lpq" --adapter "$A/correct.lpa" \
-        --data "$T/correct.eval.jsonl" --steps 2 --batch 2 --seq 64 --eval-every 2 --lr 2e-4 --seed 3 --threads 2 "$@"; }
+        --data "$T/correct.eval.jsonl" --holdout 4 --steps 2 --batch 2 --seq 64 --eval-every 2 --lr 2e-4 --seed 3 \
+        --threads 2 "$@"; }
 fit -o "$work/c-kd.lpa" 2>"$work/fit.err" && ok || { bad "quad fit"; cat "$work/fit.err" >&2; }
 grep -q "^step 2/2 | loss" "$work/fit.err" && ok || bad "no progress line: $(cat "$work/fit.err")"
 grep -q "^eval step 2: KL" "$work/fit.err" && ok || bad "no periodic eval"
+grep -q "^eval step 0: .*(4 held-out records of .*correct.eval.jsonl; 20 trained on)" "$work/fit.err" && ok ||
+  bad "held-out records not stated: $(grep 'eval step 0' "$work/fit.err")"
+# the kept step is the one whose held-out loss is least (step 0 included)
+want=$(awk '/^eval step/ { s = $3; sub(":", "", s); for (i = 1; i < NF; i++) if ($i == "loss") l = $(i + 1);
+            if (best == "" || l + 0 < best + 0) { best = l; bs = s } } END { print bs }' "$work/fit.err")
+grep -q "^kept step $want (lowest held-out loss" "$work/fit.err" && ok || bad "kept step is not the least-loss one ($want): $(grep kept "$work/fit.err")"
+fit --select last -o "$work/c-last.lpa" 2>"$work/last.err" && ! grep -q "^kept step" "$work/last.err" && ok ||
+  bad "--select last"
+fit --holdout 24 -o "$work/c-ho.lpa" 2>"$work/ho.err"; rc=$?
+[ $rc -ne 0 ] && grep -q "not more than --holdout 24" "$work/ho.err" && ok || bad "holding out every record was not refused"
 fit -o "$work/c-kd2.lpa" 2>/dev/null
 cmp -s "$work/c-kd.lpa" "$work/c-kd2.lpa" && ok || bad "quad fit is not deterministic"
 "$bin" compile "$demo/base.gguf" -o "$work/q4c.lpx" --weights q4c --no-fuse >/dev/null 2>&1

@@ -12,6 +12,7 @@
 #include "formats/le.h"
 #include "formats/lpa.h"
 #include "formats/lpq.h"
+#include "kernels/kernels.h"
 #include "kernels/lora_static.h"
 #include "model/adapter.h"
 #include "model/profile.h"
@@ -231,10 +232,11 @@ static void test_lpa_v3(void) {
 
 /* ---- the kernel ---------------------------------------------------------------------- */
 
-/* The branch written out as lora_static.h states it, one element at a time. */
-static void reference(const lp_lora_static *L, const float *x, int n, float *y) {
+/* The branch written out as lora_static.h states it, one element at a time
+ * (qb: B's codes [out][rank], as the file stores them). */
+static void reference(const lp_lora_static *L, const uint8_t *qb, const float *x, int n, float *y) {
     for (int i = 0; i < n; i++) {
-        int qt[64];
+        int qt[512];
         for (int j = 0; j < L->rank; j++) {
             lp_qenc ea = L->ea[L->na > 1 ? j : 0];
             int64_t acc = 0;
@@ -248,39 +250,85 @@ static void reference(const lp_lora_static *L, const float *x, int n, float *y) 
         for (int o = 0; o < L->out; o++) {
             lp_qenc eb = L->eb[L->nb > 1 ? o : 0];
             int64_t acc = 0;
-            for (int j = 0; j < L->rank; j++) acc += (int64_t)qt[j] * ((int64_t)L->qb[o * L->rank + j] - eb.zero);
+            for (int j = 0; j < L->rank; j++) acc += (int64_t)qt[j] * ((int64_t)qb[o * L->rank + j] - eb.zero);
             y[i * L->out + o] += (L->scale * L->t.scale * eb.scale) * (float)acc;
         }
     }
 }
 
+/* Every level's build against the reference, bit for bit: ranks on both
+ * sides of the float expand's limit, per-tensor and per-channel encodings,
+ * 8- and 4-bit codes, one and several rows, and an input wider than one
+ * 32-bit chunk of the shrink. */
+/* A level's steps over n rows, each row's rank and outputs cut in two parts
+ * (as the runtime splits them over threads). */
+static void run_steps(const lp_lora_static_ops *ops, const lp_lora_static *L, const float *x, int n, float *y,
+                      int32_t *scratch) {
+    int32_t *qt = scratch;
+    float *acc = (float *)(scratch + L->rank);
+    int16_t *qx = (int16_t *)(scratch + L->rank + 2 * L->out);
+    for (int i = 0; i < n; i++) {
+        ops->quantize(L, x + (size_t)i * (size_t)L->in, qx);
+        ops->shrink(L, qx, 0, L->rank / 2, qt);
+        ops->shrink(L, qx, L->rank / 2, L->rank, qt);
+        ops->expand(L, qt, 0, L->out / 3, y + (size_t)i * (size_t)L->out, acc);
+        ops->expand(L, qt, L->out / 3, L->out, y + (size_t)i * (size_t)L->out, acc);
+    }
+}
+
 static void test_kernel(void) {
+    const lp_lora_static_ops *levels[3] = {&lp_lora_static_ref, NULL, NULL};
+    const char *names[4] = {"reference", "avx2", "avx512", "lp_lora_static_rows"};
+    lp_cpu_features cpu;
+    lp_cpu_detect(&cpu);
+    lp_kernels best;
+    lp_kernels_init_capped(&best, &cpu, LP_CPU_CAP_NONE);
+#if defined(__x86_64__)
+    if (best.level >= 1) levels[1] = &lp_lora_static_avx2;
+    if (best.level >= 2) levels[2] = &lp_lora_static_avx512;
+#endif
     uint64_t s = 7;
-    for (int trial = 0; trial < 6; trial++) {
-        int rank = 1 + trial * 5, in = 40 + 17 * trial, out = 24 + 9 * trial, n = 1 + trial, bits = trial % 2 ? 4 : 8;
-        int qmax = (1 << bits) - 1;
+    static const int ranks[] = {1, 6, 16, 11, 256, 300, 21, 3};
+    for (int trial = 0; trial < 8; trial++) {
+        int rank = ranks[trial], in = trial == 7 ? 40000 : 40 + 17 * trial, out = 24 + 9 * trial, n = 1 + trial % 4;
+        int bits = trial % 2 ? 4 : 8, qmax = (1 << bits) - 1;
         bool chan = trial >= 2;
-        uint8_t *qa = malloc((size_t)rank * in), *qb = malloc((size_t)out * rank);
+        uint8_t *qa = malloc((size_t)rank * in), *qb = malloc((size_t)out * rank), *qbt = malloc((size_t)out * rank);
         for (int i = 0; i < rank * in; i++) qa[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
         for (int i = 0; i < out * rank; i++) qb[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
-        lp_qenc ea[32], eb[128];
-        for (int c = 0; c < 32; c++) ea[c] = (lp_qenc){.scale = 0.01f + 0.001f * c, .zero = c % (qmax + 1)};
-        for (int c = 0; c < 128; c++) eb[c] = (lp_qenc){.scale = 0.02f + 0.0005f * c, .zero = (3 * c) % (qmax + 1)};
-        lp_lora_static L = {.qa = qa, .qb = qb, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
+        for (int o = 0; o < out; o++)
+            for (int j = 0; j < rank; j++) qbt[j * out + o] = qb[o * rank + j];
+        lp_qenc *ea = malloc(sizeof *ea * (size_t)rank), *eb = malloc(sizeof *eb * (size_t)out);
+        for (int c = 0; c < rank; c++) ea[c] = (lp_qenc){.scale = 0.01f + 0.001f * (c % 32), .zero = c % (qmax + 1)};
+        for (int c = 0; c < out; c++) eb[c] = (lp_qenc){.scale = 0.02f + 0.0005f * c, .zero = (3 * c) % (qmax + 1)};
+        lp_lora_static L = {.qa = qa, .qbt = qbt, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
                             .na = chan ? (uint32_t)rank : 1, .nb = chan ? (uint32_t)out : 1,
                             .x = lp_qenc_from_range(-2.0f, 2.5f, 255), .t = lp_qenc_from_range(-3.0f, 3.0f, 255),
                             .act_qmax = 255, .scale = 0.75f};
-        float *x = malloc(sizeof(float) * (size_t)(n * in)), *y = calloc((size_t)(n * out), sizeof(float)),
-              *yr = calloc((size_t)(n * out), sizeof(float));
+        float *x = malloc(sizeof(float) * (size_t)(n * in)), *y0 = malloc(sizeof(float) * (size_t)(n * out)),
+              *y = malloc(sizeof(float) * (size_t)(n * out)), *yr = malloc(sizeof(float) * (size_t)(n * out));
         for (int i = 0; i < n * in; i++) x[i] = 2.5f * frand(&s);
-        for (int i = 0; i < n * out; i++) y[i] = yr[i] = frand(&s);
-        int32_t scratch[512];
-        lp_lora_static_rows(&L, x, in, n, NULL, y, out, NULL, scratch);
-        reference(&L, x, n, yr);
-        CHECK_MSG(memcmp(y, yr, sizeof(float) * (size_t)(n * out)) == 0, "trial %d differs from the reference", trial);
+        if (trial == 7) /* codes at the ends, so the shrink's chunk sums run near their bound */
+            for (int i = 0; i < n * in; i++) x[i] = i % 3 ? 2.5f : -2.0f;
+        for (int i = 0; i < n * out; i++) y0[i] = yr[i] = frand(&s);
+        reference(&L, qb, x, n, yr);
+        int32_t *scratch = malloc(sizeof(int32_t) * (size_t)LP_LORA_STATIC_SCRATCH(in, rank, out));
+        for (int f = 0; f < 4; f++) {
+            if (f < 3 && !levels[f]) continue;
+            memcpy(y, y0, sizeof(float) * (size_t)(n * out));
+            if (f < 3) run_steps(levels[f], &L, x, n, y, scratch);
+            else lp_lora_static_rows(&L, x, in, n, NULL, y, out, NULL, scratch);
+            CHECK_MSG(memcmp(y, yr, sizeof(float) * (size_t)(n * out)) == 0,
+                      "%s: trial %d (rank %d, in %d) differs from the reference", names[f], trial, rank, in);
+        }
+        free(scratch);
+        free(ea);
+        free(eb);
         free(qa);
         free(qb);
+        free(qbt);
         free(x);
+        free(y0);
         free(y);
         free(yr);
     }
@@ -322,9 +370,10 @@ static void profile_of(const lp_quad_lora *fp, const lp_model *m, int bits, lp_l
 }
 
 /* Last-position logits of a prompt with the adapter in slot 1. */
-static void run_logits(const lp_model *m, const lp_profile *pf, const lp_adapter *a, float *out, lp_error *err) {
+static void run_logits(const lp_model *m, const lp_profile *pf, const lp_adapter *a, int threads, float *out,
+                       lp_error *err) {
     lp_context_params p = lp_context_default_params();
-    p.n_threads = 1;
+    p.n_threads = threads;
     p.max_rows = 32;
     p.max_sequences = 1;
     p.n_ctx = 64;
@@ -352,7 +401,7 @@ static void test_runtime(void) {
     int V = m->hp.n_vocab;
     float *lq = malloc(sizeof(float) * (size_t)V), *lf = malloc(sizeof(float) * (size_t)V),
           *l0 = malloc(sizeof(float) * (size_t)V);
-    run_logits(m, NULL, NULL, l0, &err);
+    run_logits(m, NULL, NULL, 1, l0, &err);
     for (int bits = 8; bits >= 4; bits -= 4) {
         lp_quad_lora fp;
         CHECK(lp_quad_lora_from_adapter(&fp, fa, &err) == 0);
@@ -394,8 +443,14 @@ static void test_runtime(void) {
         fclose(f);
         CHECK(bytes < (bits == 8 ? 190000 : 110000));
 
-        run_logits(m, pf, qa, lq, &err);
-        run_logits(m, NULL, ff, lf, &err);
+        run_logits(m, pf, qa, 1, lq, &err);
+        run_logits(m, NULL, ff, 1, lf, &err);
+        /* the static branch split over 3 threads (by rank rows, then by
+         * outputs, across the 8 rows) gives the same bits */
+        float *l3 = malloc(sizeof(float) * (size_t)V);
+        run_logits(m, pf, qa, 3, l3, &err);
+        CHECK_MSG(memcmp(l3, lq, sizeof(float) * (size_t)V) == 0, "bits %d: 3 threads differ from 1", bits);
+        free(l3);
         /* The two differ only by the branch's static 8-bit activation rounding
          * (coarse here: the encodings are not calibrated), far less than the
          * adapter moves the logits; exactness is the kernel test's. */
@@ -483,7 +538,7 @@ static int env_open_on(student_env *e, const char *base, const char *task, int t
         lp_train_model_reserve(e->tm, B, 64, err) < 0 || lp_train_batch_alloc(&e->bb, B, 64, err) < 0)
         return -1;
     for (int r = 0; r < B; r++) lp_train_batch_set_example(&e->bb, r, &e->d.ex[r]);
-    if (lp_quad_lora_from_adapter(&e->fp, e->a, err) || lp_quad_acts_init(&e->acts, e->m->n_weights, err)) return -1;
+    if (lp_quad_lora_from_adapter(&e->fp, e->a, err) || lp_quad_acts_init(&e->acts, e->m->n_weights, 0, err)) return -1;
     /* activation ranges of the float branch on the batch */
     lp_train_quad *q = lp_train_quad_create(e->tm, err);
     if (!q) return -1;
@@ -512,6 +567,81 @@ static void env_close(student_env *e) {
     lp_model_free(e->m);
 }
 
+/* Activation encodings from a histogram: on a heavy-tailed sample (Laplace,
+ * as a projection's inputs look) the least-squared-error range clips the
+ * sparse tails and beats min / max by the measure it minimises (checked by
+ * brute force over the samples themselves); with a flat histogram there is
+ * nothing to clip. Union re-bins without losing counts. */
+static double sample_mse(const float *v, int n, lp_qenc e) {
+    double s = 0;
+    for (int i = 0; i < n; i++) {
+        double d = lp_q_value(lp_q_code(v[i], e, 255), e) - v[i];
+        s += d * d;
+    }
+    return s / n;
+}
+
+static void test_act_calibration(void) {
+    enum { N = 200000, NB = 512 };
+    float *v = malloc(N * sizeof *v);
+    uint64_t st = 0x51ed;
+    float lo = 0, hi = 0;
+    for (int i = 0; i < N; i++) {
+        float u = 0.5f * (frand(&st) + 1.0f) + 1e-7f, sign = frand(&st) < 0 ? -1.0f : 1.0f;
+        v[i] = sign * -logf(u) * (sign < 0 ? 1.5f : 1.0f); /* Laplace, a wider left tail */
+        lo = fminf(lo, v[i]);
+        hi = fmaxf(hi, v[i]);
+    }
+    double h[NB] = {0};
+    for (int i = 0; i < N; i++) {
+        float f = (v[i] - lo) / (hi - lo) * NB;
+        int b = f < 0 ? 0 : f >= NB ? NB - 1 : (int)f;
+        h[b] += 1;
+    }
+    lp_qenc mm = lp_qenc_from_range(lo, hi, 255), ms = lp_qenc_mse(h, NB, lo, hi, 255);
+    double e_mm = sample_mse(v, N, mm), e_ms = sample_mse(v, N, ms);
+    fprintf(stderr, "act calibration (Laplace, [%g, %g]): min/max step %g, mse %g; clipped step %g, mse %g\n", lo, hi,
+            mm.scale, e_mm, ms.scale, e_ms);
+    CHECK(ms.scale < 0.9f * mm.scale);
+    CHECK(e_ms < 0.9 * e_mm);
+    free(v);
+    /* flat: keeps (nearly) the whole range */
+    double flat[NB];
+    for (int i = 0; i < NB; i++) flat[i] = 10;
+    lp_qenc f = lp_qenc_mse(flat, NB, -2.0f, 6.0f, 255);
+    CHECK(f.scale * 255 > 0.95f * 8.0f);
+    /* degenerate input keeps the min/max encoding */
+    lp_qenc z = lp_qenc_mse(NULL, NB, -1.0f, 1.0f, 255), zr = lp_qenc_from_range(-1.0f, 1.0f, 255);
+    CHECK(z.scale == zr.scale && z.zero == zr.zero);
+
+    lp_error err;
+    lp_quad_acts a, b;
+    CHECK(lp_quad_acts_init(&a, 2, NB, &err) == 0 && lp_quad_acts_init(&b, 2, NB, &err) == 0);
+    CHECK(lp_quad_acts_init(&b, 2, 4096, &err) != 0);
+    CHECK(lp_quad_acts_init(&b, 2, NB, &err) == 0);
+    for (int w = 0; w < 2; w++) {
+        a.x_lo[w] = -1, a.x_hi[w] = 1, a.t_lo[w] = -2, a.t_hi[w] = 2;
+        b.x_lo[w] = -4, b.x_hi[w] = 0.5f, b.t_lo[w] = -1, b.t_hi[w] = 1;
+        for (int i = 0; i < NB; i++) {
+            a.x_hist[w * NB + i] = 1, b.x_hist[w * NB + i] = 2;
+            a.t_hist[w * NB + i] = 3, b.t_hist[w * NB + i] = 1;
+        }
+    }
+    lp_quad_acts_union(&a, &b);
+    double sx = 0, stt = 0;
+    for (int i = 0; i < NB; i++) sx += a.x_hist[NB + i], stt += a.t_hist[NB + i];
+    CHECK(a.x_lo[1] == -4 && a.x_hi[1] == 1 && a.t_lo[1] == -2 && a.t_hi[1] == 2);
+    CHECK(sx == 3.0 * NB && stt == 4.0 * NB);
+    /* above b's range (x over [-4, 0.5]) only a's counts (1 per bin of
+     * [-1, 1]) are found: as many as a's bin centres there */
+    int top = (int)((0.5f + 4) / 5.0f * NB) + 1;
+    double above = 0, edge = -4 + top * 5.0 / NB, want = (1 - edge) / (2.0 / NB);
+    for (int i = top; i < NB; i++) above += a.x_hist[NB + i];
+    CHECK_MSG(fabs(above - want) <= 2, "%g counts above %g, want %g", above, edge, want);
+    lp_quad_acts_free(&a);
+    lp_quad_acts_free(&b);
+}
+
 static void test_qss(void) {
     lp_error err;
     student_env e;
@@ -535,6 +665,51 @@ static void test_qss(void) {
     lp_lpq_release(&p8);
     lp_lpq_release(&p4);
     lp_lpq_release(&p4t);
+    env_close(&e);
+}
+
+/* On a demo adapter: the profile whose activation encodings come from the
+ * calibration histograms (quad profile's default) quantizes the branch
+ * closer to FP32 than the min / max one. */
+static void test_act_calibration_qss(void) {
+    lp_error err;
+    student_env e;
+    CHECK_MSG(env_open(&e, "translate", 0, 6, &err) == 0, "%s", err.message);
+    lp_quad_acts h;
+    lp_train_quad *q = lp_train_quad_create(e.tm, &err);
+    CHECK(q && lp_quad_acts_init(&h, e.m->n_weights, LP_QUAD_HIST_BINS, &err) == 0);
+    CHECK(lp_train_quad_hist(q, 0) == NULL);
+    lp_train_quad_observe(q, true);
+    e.tm->quad = q;
+    CHECK(!isnan(lp_train_forward(e.tm, &e.bb.batch, &err)));
+    CHECK(lp_train_quad_histogram(q, true, &err) == 0);
+    CHECK(!isnan(lp_train_forward(e.tm, &e.bb.batch, &err)));
+    e.tm->quad = NULL;
+    double counted = 0;
+    for (int w = 0; w < e.m->n_weights; w++) {
+        lp_train_quad_ranges(q, w, &h.x_lo[w], &h.x_hi[w], &h.t_lo[w], &h.t_hi[w]);
+        const double *c = lp_train_quad_hist(q, w);
+        CHECK(c != NULL);
+        memcpy(h.x_hist + (size_t)w * LP_QUAD_HIST_BINS, c, LP_QUAD_HIST_BINS * sizeof *c);
+        memcpy(h.t_hist + (size_t)w * LP_QUAD_HIST_BINS, c + LP_QUAD_HIST_BINS, LP_QUAD_HIST_BINS * sizeof *c);
+        CHECK(h.x_lo[w] == e.acts.x_lo[w] && h.t_hi[w] == e.acts.t_hi[w]); /* the second pass left the ranges */
+        if (w == 0)
+            for (int i = 0; i < LP_QUAD_HIST_BINS; i++) counted += c[i];
+    }
+    /* every x value of slot 0 counted: B rows x 64 positions x its input width */
+    CHECK(counted == (double)e.bb.batch.B * e.bb.batch.T * e.m->weights[0].w->cols);
+    const lp_quad_lora *one = &e.fp;
+    lp_lpq pm, ph;
+    double qm = -1, qh = -1;
+    CHECK(lp_quad_build_profile(e.m, &one, 1, &e.acts, 8, LP_LPQ_PER_CHANNEL, LP_LPQ_ANCHOR, "t", &pm, &err) == 0);
+    CHECK(lp_quad_build_profile(e.m, &one, 1, &h, 8, LP_LPQ_PER_CHANNEL, LP_LPQ_ANCHOR, "t", &ph, &err) == 0);
+    CHECK(lp_quad_qss(e.tm, &e.bb.batch, &pm, &qm, &err) == 0 && lp_quad_qss(e.tm, &e.bb.batch, &ph, &qh, &err) == 0);
+    fprintf(stderr, "QSS translate 8-bit: min/max activations %g, histogram-clipped %g\n", qm, qh);
+    CHECK(qh > 0 && qh < qm);
+    lp_lpq_release(&pm);
+    lp_lpq_release(&ph);
+    lp_quad_acts_free(&h);
+    lp_train_quad_free(q);
     env_close(&e);
 }
 
@@ -721,7 +896,9 @@ int main(void) {
     test_lpa_v3();
     test_kernel();
     test_runtime();
+    test_act_calibration();
     test_qss();
+    test_act_calibration_qss();
     test_student_vs_runtime();
     test_distillation();
     return check_summary("test_quad");

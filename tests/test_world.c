@@ -183,8 +183,8 @@ static void test_determinism(const char *dir_a, const char *dir_b) {
     CHECK(lp_world_generate(dir_b, &p, NULL, &err) == 0);
     CHECK(st.pretrain_lines == 1500);
     /* the correction task gets correct_factor (10) times the train records */
-    CHECK(st.task_train_records == 150 * (LP_WORLD_N_TASKS - 1) + 1500);
-    CHECK(st.task_eval_records == 30 * LP_WORLD_N_TASKS);
+    CHECK(st.task_train_records == 150 * (LP_WORLD_N_ALL_TASKS - 1) + 1500);
+    CHECK(st.task_eval_records == 30 * LP_WORLD_N_ALL_TASKS);
     CHECK(st.vocab_size == 420);
     char a[1024], b[1024];
     const char *files[] = {"pretrain.txt", "vocab.gguf", "README.md"};
@@ -193,7 +193,7 @@ static void test_determinism(const char *dir_a, const char *dir_b) {
         snprintf(b, sizeof b, "%s/%s", dir_b, files[i]);
         CHECK_MSG(files_equal(a, b), "%s differs between runs", files[i]);
     }
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++)
+    for (int t = 0; t < LP_WORLD_N_ALL_TASKS; t++)
         for (int e = 0; e < 2; e++) {
             const char *split = e ? "eval" : "train";
             snprintf(a, sizeof a, "%s/tasks/%s.%s.jsonl", dir_a, lp_world_task_name(t), split);

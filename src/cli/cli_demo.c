@@ -151,6 +151,7 @@ typedef struct demo {
     lp_model *model;
     lp_context *ctx;
     lp_adapter *adapter[MAX_TASKS]; /* by world task index; NULL for a task with no adapter */
+    lp_profile *profile;            /* the folder's QUAD profile (quad/shared.lpq), or NULL */
     lp_sampler *greedy;
 } demo;
 
@@ -266,7 +267,8 @@ static int show_tasks(demo *d, lp_rng *rng) {
         if (lp_context_bind_adapter(d->ctx, 1, d->adapter[t], &err) != 0)
             return cli_fail("bind adapter", &err);
         double swap_us = (lp_now_seconds() - t0) * 1e6;
-        printf("\n[%s]  adapter %s.lpa -> slot 1 (swap %.2f us)\n", task_name(d, t), task_name(d, t), swap_us);
+        printf("\n[%s]  adapter %s%s.lpa -> slot 1 (swap %.2f us)\n", task_name(d, t), d->profile ? "quad/" : "",
+               task_name(d, t), swap_us);
         const int per = samples_per_task(d);
         for (int k = 0; k < per; k++) {
             lp_world_record r;
@@ -370,8 +372,23 @@ static void demo_free(demo *d) {
     lp_sampler_free(d->greedy);
     lp_context_free(d->ctx);
     for (int t = 0; t < MAX_TASKS; t++) lp_adapter_free(d->adapter[t]);
+    lp_profile_free(d->profile);
     lp_model_free(d->model);
     lp_world2_free(d->w2);
+}
+
+/* The folder's QUAD profile when it has one and a fitted adapter for every
+ * trained task (quad/shared.lpq, quad/<task>.lpa): the demo then runs the
+ * adapters as int8 codes under that one shared profile; else NULL and the
+ * plain adapters/<task>.lpa. */
+static lp_profile *load_quad(demo *d, const char *dir, lp_error *err) {
+    char path[PATH_MAX + 64];
+    for (int t = 0; t < n_tasks(d); t++) {
+        snprintf(path, sizeof path, "%s/quad/%s.lpa", dir, task_name(d, t));
+        if (task_trained(d, t) && !file_exists(path)) return NULL;
+    }
+    snprintf(path, sizeof path, "%s/quad/shared.lpq", dir);
+    return file_exists(path) ? lp_profile_load(d->model, path, err) : NULL;
 }
 
 static int world_demo(const char *dir, long seed, int threads) {
@@ -407,9 +424,15 @@ static int world_demo(const char *dir, long seed, int threads) {
     t0 = lp_now_seconds();
     uint64_t adapter_bytes = 0;
     int n_adapters = 0;
+    err.message[0] = '\0';
+    d.profile = load_quad(&d, dir, &err);
+    if (!d.profile && err.message[0]) {
+        cli_fail("quad/shared.lpq", &err);
+        goto done;
+    }
     for (int t = 0; t < n_tasks(&d); t++) {
         if (!task_trained(&d, t)) continue; /* version 2's style-curious: the style no adapter saw */
-        snprintf(path, sizeof path, "%s/adapters/%s.lpa", dir, task_name(&d, t));
+        snprintf(path, sizeof path, "%s/%s/%s.lpa", dir, d.profile ? "quad" : "adapters", task_name(&d, t));
         if (!(d.adapter[t] = lp_adapter_load(d.model, path, 1.0f, &err))) {
             cli_fail(path, &err);
             goto done;
@@ -417,8 +440,14 @@ static int world_demo(const char *dir, long seed, int threads) {
         adapter_bytes += lp_adapter_bytes(d.adapter[t]);
         n_adapters++;
     }
-    printf("adapters: %d (.lpa), %.2f MB together; loaded in %.0f ms\n\n", n_adapters, adapter_bytes / 1e6,
-           (lp_now_seconds() - t0) * 1e3);
+    if (d.profile)
+        printf("adapters: %d (quad/<task>.lpa: int8 codes under one shared QUAD profile, quad/shared.lpq %016llx, "
+               "fitted by `loraplex quad fit`), %.2f MB together; loaded in %.0f ms\n\n",
+               n_adapters, (unsigned long long)lp_profile_id(d.profile), adapter_bytes / 1e6,
+               (lp_now_seconds() - t0) * 1e3);
+    else
+        printf("adapters: %d (.lpa), %.2f MB together; loaded in %.0f ms\n\n", n_adapters, adapter_bytes / 1e6,
+               (lp_now_seconds() - t0) * 1e3);
     lp_context_params cp = lp_context_default_params();
     cp.n_threads = threads;
     cp.max_adapters = N_STYLES;
@@ -428,6 +457,7 @@ static int world_demo(const char *dir, long seed, int threads) {
     lp_sampler_params sp = lp_sampler_default_params();
     sp.temperature = 0;
     if (!(d.ctx = lp_context_create(d.model, &cp, &err)) ||
+        (d.profile && lp_context_bind_profile(d.ctx, d.profile, &err)) ||
         !(d.greedy = lp_sampler_create(d.model, &sp, &err))) {
         cli_fail("context", &err);
         goto done;

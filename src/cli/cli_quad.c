@@ -25,13 +25,14 @@ static void quad_usage(FILE *out) {
             "usage: loraplex quad profile --base M --adapters a=A.lpa,b=B.lpa,... --calib DIR/tasks\n"
             "                             [--bits 8|4] [--granularity tensor|channel]\n"
             "                             [--strategy auto|anchor|fallback] [--anchor-factor 1.5]\n"
-            "                             [--calib-n 16] [--seq 128] [--threads N] -o shared.lpq\n"
+            "                             [--calib-n 16] [--seq 128] [--act-calib mse|minmax]\n"
+            "                             [--threads N] -o shared.lpq\n"
             "                             [--export-encodings aimet.json]\n"
             "       loraplex quad fit --base M --profile shared.lpq --adapter B.lpa --data train.jsonl\n"
             "                         -o B-quad.lpa [--deploy Q.lpx] [--student-acts q8|f32]\n"
             "                         [--steps 100] [--lr 2e-4] [--kd-weight 0.5] [--seed 1]\n"
-            "                         [--batch 8] [--seq 128] [--eval E.jsonl] [--eval-every 25]\n"
-            "                         [--threads N]\n"
+            "                         [--batch 8] [--seq 128] [--eval-every 25] [--holdout 32]\n"
+            "                         [--eval E.jsonl] [--select best|last] [--threads N]\n"
             "       loraplex quad export --profile shared.lpq --export-encodings aimet.json\n"
             "       loraplex quad ptq --base M --profile shared.lpq --adapter B.lpa -o B-shared.lpa\n"
             "\n"
@@ -42,13 +43,20 @@ static void quad_usage(FILE *out) {
             "  Rule (auto): anchor = the highest QSS if it is at least anchor-factor times the\n"
             "  runner-up; then every encoding comes from the anchor (its weights, its activation\n"
             "  ranges); else the fallback: weight encodings from all adapters' weights together,\n"
-            "  activation ranges of all adapters together.\n"
+            "  activation ranges of all adapters together. Activation encodings (--act-calib): mse\n"
+            "  (the default) clips each range where the expected squared error of rounding plus\n"
+            "  clipping is least over the calibration histogram; minmax keeps the observed range.\n"
             "fit: teacher = the f32 base + the FP32 adapter; student = the deployed base (--deploy,\n"
             "  default the f32 base; compile it with --no-fuse) + the adapter fake-quantized under\n"
             "  the profile (straight-through), its base inputs int8 per group of 32 as the W4A8\n"
             "  kernels quantize them (--student-acts q8, the default with --deploy); loss =\n"
             "  (1 - kd) CE + kd KL(teacher || student) on the completion tokens. The output is\n"
-            "  the adapter's codes under the profile, for the deployed base.\n");
+            "  the adapter's codes under the profile, for the deployed base.\n"
+            "  Held out: the last --holdout records of --data are never trained on (or the first\n"
+            "  --holdout of --eval E.jsonl); the held-out loss, (1 - kd) CE + kd KL, is measured\n"
+            "  before the first step and every --eval-every steps, and --select best (the default)\n"
+            "  writes the weights of the lowest one, so the fit never ends worse on held-out\n"
+            "  records than the unfitted codes it started from; --select last writes the last.\n");
 }
 
 /* ---- shared setup ---------------------------------------------------------------------- */
@@ -153,7 +161,7 @@ static int parse_adapters(const char *list, named_adapter *out, int *n) {
 
 /* QSS of one adapter (its own PTQ encodings) and its activation ranges. */
 static int sense_adapter(named_adapter *na, const lp_model *base, const char *calib_dir, int calib_n, int T, int bits,
-                         int gran, lp_threadpool *pool, lp_error *err) {
+                         int gran, int n_bins, lp_threadpool *pool, lp_error *err) {
     char path[1200];
     snprintf(path, sizeof path, "%s/%s.train.jsonl", calib_dir, na->name);
     if (!file_exists(path)) snprintf(path, sizeof path, "%s/%s.eval.jsonl", calib_dir, na->name);
@@ -166,15 +174,22 @@ static int sense_adapter(named_adapter *na, const lp_model *base, const char *ca
     int rc = -1;
     if (records_batch(&bb, &d, calib_n, T, err) < 0) goto done;
     if (!(m = trainer_for(base, na->a, 0, bb.batch.B, T, pool, err)) || !(q = lp_train_quad_create(m, err)) ||
-        lp_quad_acts_init(&na->acts, base->n_weights, err))
+        lp_quad_acts_init(&na->acts, base->n_weights, n_bins, err))
         goto done;
-    /* the FP32 branch's ranges on the calibration prompts */
+    /* the FP32 branch's ranges on the calibration prompts, then (n_bins) a
+     * second pass for the histograms over those ranges */
     lp_train_quad_observe(q, true);
     m->quad = q;
     if (isnan(lp_train_forward(m, &bb.batch, err))) goto done;
+    if (n_bins && (lp_train_quad_histogram(q, true, err) || isnan(lp_train_forward(m, &bb.batch, err)))) goto done;
     m->quad = NULL;
-    for (int w = 0; w < base->n_weights && w < m->cfg.n_layers * LP_PROJ_COUNT; w++)
+    for (int w = 0; w < base->n_weights && w < m->cfg.n_layers * LP_PROJ_COUNT; w++) {
         lp_train_quad_ranges(q, w, &na->acts.x_lo[w], &na->acts.x_hi[w], &na->acts.t_lo[w], &na->acts.t_hi[w]);
+        const double *h = n_bins ? lp_train_quad_hist(q, w) : NULL;
+        if (!h) continue;
+        memcpy(na->acts.x_hist + (size_t)w * n_bins, h, (size_t)n_bins * sizeof *h);
+        memcpy(na->acts.t_hist + (size_t)w * n_bins, h + n_bins, (size_t)n_bins * sizeof *h);
+    }
     const lp_quad_lora *one = &na->fp;
     if (lp_quad_build_profile(base, &one, 1, &na->acts, bits, gran, LP_LPQ_ANCHOR, na->name, &own, err) ||
         lp_quad_qss(m, &bb.batch, &own, &na->qss, err))
@@ -197,7 +212,7 @@ static int by_qss(const void *x, const void *y) {
 
 static int do_profile(int argc, char **argv) {
     const char *base_path = NULL, *list = NULL, *calib = NULL, *out = NULL, *aimet = NULL, *strategy = "auto",
-               *gran_s = "channel";
+               *gran_s = "channel", *act_calib = "mse";
     long bits = 8, calib_n = 16, seq = 128, threads = 0;
     double factor = 1.5;
     for (int i = 2; i < argc; i++) {
@@ -209,6 +224,7 @@ static int do_profile(int argc, char **argv) {
                            : !strcmp(a, "--export-encodings")        ? &aimet
                            : !strcmp(a, "--strategy")                ? &strategy
                            : !strcmp(a, "--granularity")             ? &gran_s
+                           : !strcmp(a, "--act-calib")               ? &act_calib
                                                                      : NULL;
         long *num = !strcmp(a, "--bits") ? &bits : !strcmp(a, "--calib-n") ? &calib_n : !strcmp(a, "--seq") ? &seq
                     : !strcmp(a, "--threads") ? &threads : NULL;
@@ -224,7 +240,8 @@ static int do_profile(int argc, char **argv) {
         }
     }
     int gran = !strcmp(gran_s, "tensor") ? LP_LPQ_PER_TENSOR : !strcmp(gran_s, "channel") ? LP_LPQ_PER_CHANNEL : -1;
-    if (!base_path || !list || !calib || !out || (bits != 8 && bits != 4) || gran < 0 || calib_n < 1 ||
+    int n_bins = !strcmp(act_calib, "mse") ? LP_QUAD_HIST_BINS : !strcmp(act_calib, "minmax") ? 0 : -1;
+    if (!base_path || !list || !calib || !out || (bits != 8 && bits != 4) || gran < 0 || calib_n < 1 || n_bins < 0 ||
         (strcmp(strategy, "auto") && strcmp(strategy, "anchor") && strcmp(strategy, "fallback"))) {
         quad_usage(stderr);
         return 2;
@@ -245,12 +262,12 @@ static int do_profile(int argc, char **argv) {
         goto done;
     }
     double t0 = lp_now_seconds();
-    fprintf(stderr, "QSS: %ld-bit weights per %s, 8-bit static activations, f32 base %s\n", bits,
-            gran ? "channel" : "tensor", base_path);
+    fprintf(stderr, "QSS: %ld-bit weights per %s, 8-bit static activations (%s ranges), f32 base %s\n", bits,
+            gran ? "channel" : "tensor", n_bins ? "least-squared-error clipped" : "min / max", base_path);
     for (int i = 0; i < n; i++) {
         named_adapter *na = &ads[i];
         if (!(na->a = lp_adapter_load(base, na->path, 1.0f, &err)) || lp_quad_lora_from_adapter(&na->fp, na->a, &err) ||
-            sense_adapter(na, base, calib, (int)calib_n, (int)seq, (int)bits, gran, pool, &err)) {
+            sense_adapter(na, base, calib, (int)calib_n, (int)seq, (int)bits, gran, n_bins, pool, &err)) {
             cli_fail(na->path, &err);
             goto done;
         }
@@ -268,7 +285,7 @@ static int do_profile(int argc, char **argv) {
     if (strcmp(strategy, "auto")) printf("(strategy forced by --strategy %s)\n", strategy);
     const lp_quad_lora *fps[QUAD_MAX_ADAPTERS];
     lp_quad_acts acts;
-    if (lp_quad_acts_init(&acts, base->n_weights, &err)) {
+    if (lp_quad_acts_init(&acts, base->n_weights, n_bins, &err)) {
         cli_fail("profile", &err);
         goto done;
     }
@@ -322,7 +339,7 @@ static int teacher_probs(lp_train_model *t, const lp_train_batch *b, float *prob
 
 /* KL(teacher || student) and CE of the student (under the profile) on a batch. */
 static int kd_eval(lp_train_model *t, lp_train_model *s, lp_train_quad *q, lp_train_batch *b, float *probs,
-                   float *keep, float kd, double *kl, double *ce, lp_error *err) {
+                   float *keep, double *kl, double *ce, lp_error *err) {
     if (teacher_probs(t, b, probs, err) || lp_train_quad_begin(q, s, keep, err)) return -1;
     b->teacher = probs;
     b->kd_weight = 1.0f;
@@ -332,15 +349,36 @@ static int kd_eval(lp_train_model *t, lp_train_model *s, lp_train_quad *q, lp_tr
     double l0 = lp_train_forward(s, b, err);
     lp_train_restore_lora(s, keep);
     b->teacher = NULL;
-    (void)kd;
     *ce = l0;
     return isnan(l1) || isnan(l0) ? -1 : 0;
 }
 
+/* Mean KL and CE over every held-out record, a batch buffer's rows at a
+ * time (each chunk weighted by its records). */
+static int held_eval(lp_train_model *t, lp_train_model *s, lp_train_quad *q, lp_train_batch_buf *eb,
+                     const lp_train_data *held, float *probs, float *keep, double *kl, double *ce, lp_error *err) {
+    int rows = eb->batch.B;
+    double skl = 0, sce = 0;
+    for (int at = 0; at < held->n_ex; at += rows) {
+        int n = held->n_ex - at < rows ? held->n_ex - at : rows;
+        for (int r = 0; r < n; r++) lp_train_batch_set_example(eb, r, &held->ex[at + r]);
+        eb->batch.B = n;
+        double k, c;
+        int rc = kd_eval(t, s, q, &eb->batch, probs, keep, &k, &c, err);
+        eb->batch.B = rows;
+        if (rc) return -1;
+        skl += k * n;
+        sce += c * n;
+    }
+    *kl = skl / held->n_ex;
+    *ce = sce / held->n_ex;
+    return 0;
+}
+
 static int do_fit(int argc, char **argv) {
     const char *base_path = NULL, *deploy_path = NULL, *prof_path = NULL, *ad_path = NULL, *data = NULL,
-               *eval_path = NULL, *out = NULL, *acts_s = NULL;
-    long steps = 100, seed = 1, batch = 8, seq = 128, eval_every = 25, threads = 0;
+               *eval_path = NULL, *out = NULL, *acts_s = NULL, *select = "best";
+    long steps = 100, seed = 1, batch = 8, seq = 128, eval_every = 25, threads = 0, holdout = 32;
     double lr = 2e-4, kd = 0.5;
     for (int i = 2; i < argc; i++) {
         const char *a = argv[i];
@@ -351,11 +389,12 @@ static int do_fit(int argc, char **argv) {
                            : !strcmp(a, "--data")                    ? &data
                            : !strcmp(a, "--eval")                    ? &eval_path
                            : !strcmp(a, "--student-acts")            ? &acts_s
+                           : !strcmp(a, "--select")                  ? &select
                            : !strcmp(a, "-o")                        ? &out
                                                                      : NULL;
         long *num = !strcmp(a, "--steps") ? &steps : !strcmp(a, "--seed") ? &seed : !strcmp(a, "--batch") ? &batch
                     : !strcmp(a, "--seq") ? &seq : !strcmp(a, "--eval-every") ? &eval_every
-                    : !strcmp(a, "--threads") ? &threads : NULL;
+                    : !strcmp(a, "--threads") ? &threads : !strcmp(a, "--holdout") ? &holdout : NULL;
         double *fl = !strcmp(a, "--lr") ? &lr : !strcmp(a, "--kd-weight") ? &kd : NULL;
         const char *v = (str || num || fl) ? cli_value(argc, argv, &i) : NULL;
         if (str && v) *str = v;
@@ -369,8 +408,9 @@ static int do_fit(int argc, char **argv) {
         }
     }
     if (!acts_s) acts_s = deploy_path ? "q8" : "f32";
-    if (!base_path || !prof_path || !ad_path || !data || !out || batch < 1 || seq < 2 ||
-        (strcmp(acts_s, "q8") && strcmp(acts_s, "f32"))) {
+    bool keep_best = !strcmp(select, "best");
+    if (!base_path || !prof_path || !ad_path || !data || !out || batch < 1 || seq < 2 || holdout < 1 ||
+        (strcmp(acts_s, "q8") && strcmp(acts_s, "f32")) || (!keep_best && strcmp(select, "last"))) {
         quad_usage(stderr);
         return 2;
     }
@@ -385,7 +425,7 @@ static int do_fit(int argc, char **argv) {
     lp_adamw opt = {0};
     lp_train_data train = {0}, eval = {0};
     lp_train_batch_buf bb = {0}, eb = {0};
-    float *probs = NULL, *keep = NULL;
+    float *probs = NULL, *keep = NULL, *best = NULL;
     lp_quad_lora fp = {0};
     if (!(base = lp_model_load(base_path, NULL, &err)) ||
         (deploy_path && !(deploy = lp_model_load(deploy_path, NULL, &err))) ||
@@ -395,6 +435,24 @@ static int do_fit(int argc, char **argv) {
         lp_train_data_load_jsonl(&train, data, base->tok, &err) < 0 ||
         (eval_path && lp_train_data_load_jsonl(&eval, eval_path, base->tok, &err) < 0)) {
         cli_fail("quad fit", &err);
+        goto done;
+    }
+    /* fit: the records trained on; held: the held-out ones (views, not owned) */
+    lp_train_data fit = train, held = eval;
+    if (!eval_path) {
+        if (train.n_ex <= holdout) {
+            fprintf(stderr, "loraplex quad fit: %s: %d records, not more than --holdout %ld\n", data, train.n_ex,
+                    holdout);
+            goto done;
+        }
+        fit.n_ex = train.n_ex - (int)holdout;
+        held = (lp_train_data){.ex = train.ex + fit.n_ex, .n_ex = (int)holdout};
+    } else if (eval.n_ex > holdout) {
+        held.n_ex = (int)holdout;
+    }
+    if (held.n_ex < 1 || fit.n_ex < 1) {
+        fprintf(stderr, "loraplex quad fit: no %s records in %s\n", fit.n_ex < 1 ? "training" : "held-out",
+                fit.n_ex < 1 ? data : eval_path);
         goto done;
     }
     const lp_model *dep = deploy ? deploy : base;
@@ -414,11 +472,14 @@ static int do_fit(int argc, char **argv) {
     ac.weight_decay = 0.0f;
     size_t V = (size_t)base->hp.n_vocab;
     probs = lp_alloc((size_t)batch * (size_t)seq * V * sizeof(float));
-    keep = lp_alloc(student->group_size[lp_train_group_index(LP_TRAIN_LORA)] * sizeof(float));
-    if (!probs || !keep || lp_adamw_init(&opt, student, &ac, &err) < 0 ||
+    int gi = lp_train_group_index(LP_TRAIN_LORA);
+    size_t lora_bytes = student->group_size[gi] * sizeof(float);
+    keep = lp_alloc(lora_bytes);
+    best = lp_alloc(lora_bytes);
+    if (!probs || !keep || !best || lp_adamw_init(&opt, student, &ac, &err) < 0 ||
         lp_train_batch_alloc(&bb, (int)batch, (int)seq, &err) < 0 ||
-        records_batch(&eb, eval_path ? &eval : &train, (int)batch, (int)seq, &err) < 0) {
-        if (!probs || !keep) lp_error_set(&err, LP_ERR_NOMEM, "out of memory");
+        records_batch(&eb, &held, (int)batch, (int)seq, &err) < 0) {
+        if (!probs || !keep || !best) lp_error_set(&err, LP_ERR_NOMEM, "out of memory");
         cli_fail("quad fit", &err);
         goto done;
     }
@@ -427,17 +488,20 @@ static int do_fit(int argc, char **argv) {
             ad_path, (unsigned long long)prof.id, prof.weight_bits, prof.granularity ? "channel" : "tensor", base_path,
             deploy_path ? deploy_path : base_path, acts_s, 1.0 - kd, kd, steps, batch, seq, lr, seed);
     double kl0, ce0;
-    if (kd_eval(teacher, student, q, &eb.batch, probs, keep, (float)kd, &kl0, &ce0, &err)) {
+    if (held_eval(teacher, student, q, &eb, &held, probs, keep, &kl0, &ce0, &err)) {
         cli_fail("quad fit", &err);
         goto done;
     }
-    fprintf(stderr, "eval step 0: KL %.5f | CE %.4f (%s, %d records)\n", kl0, ce0, eval_path ? eval_path : data,
-            eb.batch.B);
+    double best_loss = (1 - kd) * ce0 + kd * kl0;
+    long best_step = 0;
+    memcpy(best, student->group[gi], lora_bytes);
+    fprintf(stderr, "eval step 0: KL %.5f | CE %.4f | loss %.5f (%d held-out records of %s; %d trained on)\n", kl0,
+            ce0, best_loss, held.n_ex, eval_path ? eval_path : data, fit.n_ex);
     lp_rng rng;
     lp_rng_seed(&rng, (uint64_t)seed);
     double t0 = lp_now_seconds();
     for (long step = 0; step < steps; step++) {
-        if (lp_train_batch_sample(&bb, &train, &rng, &err) < 0 || teacher_probs(teacher, &bb.batch, probs, &err) ||
+        if (lp_train_batch_sample(&bb, &fit, &rng, &err) < 0 || teacher_probs(teacher, &bb.batch, probs, &err) ||
             lp_train_quad_begin(q, student, keep, &err)) {
             cli_fail("quad fit", &err);
             goto done;
@@ -460,12 +524,24 @@ static int do_fit(int argc, char **argv) {
         fprintf(stderr, "step %ld/%ld | loss %.4f | KL %.5f | lr %.2e | %.1f s\n", step + 1, steps, loss, kl, cur, el);
         if (eval_every > 0 && ((step + 1) % eval_every == 0 || step + 1 == steps)) {
             double kle, cee;
-            if (kd_eval(teacher, student, q, &eb.batch, probs, keep, (float)kd, &kle, &cee, &err)) {
+            if (held_eval(teacher, student, q, &eb, &held, probs, keep, &kle, &cee, &err)) {
                 cli_fail("quad fit", &err);
                 goto done;
             }
-            fprintf(stderr, "eval step %ld: KL %.5f | CE %.4f\n", step + 1, kle, cee);
+            double le = (1 - kd) * cee + kd * kle;
+            bool better = le < best_loss;
+            if (better) {
+                best_loss = le;
+                best_step = step + 1;
+                memcpy(best, student->group[gi], lora_bytes);
+            }
+            fprintf(stderr, "eval step %ld: KL %.5f | CE %.4f | loss %.5f%s\n", step + 1, kle, cee, le,
+                    better ? " (best)" : "");
         }
+    }
+    if (keep_best) {
+        memcpy(student->group[gi], best, lora_bytes);
+        fprintf(stderr, "kept step %ld (lowest held-out loss %.5f)\n", best_step, best_loss);
     }
     if (lora_of_trainer(student, dep, a->name, &fp, &err) || lp_quad_write_adapter(out, dep, &prof, &fp, &err)) {
         cli_fail(out, &err);
@@ -478,6 +554,7 @@ done:
     lp_quad_lora_free(&fp);
     lp_free(probs);
     lp_free(keep);
+    lp_free(best);
     lp_train_batch_free(&bb);
     lp_train_batch_free(&eb);
     lp_train_data_free(&train);

@@ -104,7 +104,7 @@ int cli_world(int argc, char **argv) {
             "  vocab.gguf    %d tokens\n"
             "  time          %.2f s text, %.2f s BPE\n",
             out, p.version, (unsigned long long)p.seed, st.pretrain_lines, st.pretrain_bytes / 1e6,
-            p.version == 2 ? LP_W2_N_TASKS : LP_WORLD_N_TASKS, st.task_train_records, st.task_eval_records, st.vocab_size,
+            p.version == 2 ? LP_W2_N_TASKS : LP_WORLD_N_ALL_TASKS, st.task_train_records, st.task_eval_records, st.vocab_size,
             st.seconds_text, st.seconds_bpe);
     if (p.version == 2)
         fprintf(stderr, "  tokens        pretrain %zu, task train %zu, task eval %zu\n",

@@ -80,6 +80,8 @@ enum { LP_INT_REF = 0, LP_INT_AVX2 = 1, LP_INT_AVX512VNNI = 2, LP_INT_NEON_DOT =
        LP_INT_AVXVNNI = 5 };
 
 /* Kernel dispatch table, filled once per context from the CPU features. */
+struct lp_lora_static_ops; /* lora_static.h */
+
 typedef struct lp_kernels {
     lp_cpu_features cpu;
     float (*dot_f32)(const float *a, const float *b, int64_t n);
@@ -101,6 +103,8 @@ typedef struct lp_kernels {
     void (*round_f16)(float *x, int64_t n);
     /* dst[i] = lp_f32_to_f16(src[i]) (the KV cache's stores) */
     void (*to_f16)(uint16_t *dst, const float *src, int64_t n);
+    /* the shared-profile LoRA branch's steps at this level (the same bits) */
+    const struct lp_lora_static_ops *lora_static;
     /* more fast paths are private to kernels/ */
     int level;     /* float paths: 0 = reference, 1 = avx2, 2 = avx512 */
     int int_level; /* packed integer paths: LP_INT_* */

@@ -13,6 +13,7 @@
  * and threads split rows only, so results are bit-identical for any
  * batching and thread count. */
 #include "kernels_internal.h"
+#include "lora_static.h"
 
 #include <stdio.h>
 #include <stdlib.h>
@@ -28,6 +29,7 @@ void lp_kernels_init_reference(lp_kernels *k) {
     k->attn_mix = lp_attn_mix;
     k->round_f16 = lp_round_f16;
     k->to_f16 = lp_to_f16;
+    k->lora_static = &lp_lora_static_ref;
     k->level = 0;
     k->int_level = LP_INT_REF;
     k->int8_activations = true;
@@ -125,10 +127,12 @@ void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap) 
         k->silu_mul = lp_silu_mul_avx512;
         k->attn_scores = lp_attn_scores_avx512;
         k->attn_mix = lp_attn_mix_avx512;
+        k->lora_static = &lp_lora_static_avx512;
     } else if (avx2) {
         k->level = 1;
         k->dot_f32 = lp_dot_f32_avx2;
         k->attn_scores = lp_attn_scores_avx2;
+        k->lora_static = &lp_lora_static_avx2;
     }
     if (avx2) {
         k->round_f16 = lp_round_f16_avx2;

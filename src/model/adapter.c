@@ -900,14 +900,15 @@ static lp_weight lpa_codes(lp_adapter *a, const lp_lpa_entry *e, bool is_b) {
     int64_t rows = is_b ? (int64_t)e->out : (int64_t)e->rank, cols = is_b ? (int64_t)e->rank : (int64_t)e->in;
     const uint8_t *src = is_b ? e->b : e->a;
     lp_weight w = {.type = LP_I8, .rows = rows, .cols = cols, .row_bytes = (size_t)cols, .data = src};
-    if (e->dtype == LP_LPA_Q8) return w;
+    if (e->dtype == LP_LPA_Q8 && !is_b) return w;
     uint8_t *dst = adapter_own(a, (size_t)rows * (size_t)cols);
     w.data = dst;
-    size_t rb = lp_lpa_code_row_bytes(LP_LPA_Q4, (uint64_t)cols);
+    size_t rb = lp_lpa_code_row_bytes((uint32_t)e->dtype, (uint64_t)cols);
     for (int64_t r = 0; dst && r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
-            uint8_t byte = src[(size_t)r * rb + (size_t)c / 2];
-            dst[r * cols + c] = c % 2 ? byte >> 4 : byte & 15;
+            const uint8_t *row = src + (size_t)r * rb;
+            uint8_t code = e->dtype == LP_LPA_Q8 ? row[c] : c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15;
+            dst[is_b ? c * rows + r : r * cols + c] = code; /* B transposed: [rank][out] */
         }
     return w;
 }

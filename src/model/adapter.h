@@ -24,9 +24,11 @@ typedef struct lp_lora_pair {
     lp_weight B;         /* rows = out,  cols = rank (F32, F16; packed: round32(rank),
                             zero past the rank) */
     /* Under a shared profile (lp_adapter.profile_id != 0) A and B are bare
-     * codes, one uint8_t each, row-major (type LP_I8 marks them; the values
-     * are codes, not numbers): their encodings are in the profile the
-     * context binds (lp_profile), found by `weight`. */
+     * codes, one uint8_t each (type LP_I8 marks them; the values are codes,
+     * not numbers), A row-major and B's data transposed, [rank][out] (the
+     * layout the static branch reads; rows / cols still name B's shape):
+     * their encodings are in the profile the context binds (lp_profile),
+     * found by `weight`. */
 } lp_lora_pair;
 
 struct lp_adapter {

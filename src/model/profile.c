@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../kernels/lora_static.h"
 #include "adapter.h"
 
 int lp_profile_init(lp_profile *p, const lp_model *m, const char *what, lp_error *err) {
@@ -24,7 +25,8 @@ int lp_profile_init(lp_profile *p, const lp_model *m, const char *what, lp_error
             return lp_fail(err, "%s: the base folds a norm gain into %s (compile it without folding "
                            "to use a shared profile)", what, e->tensor);
         p->by_weight[w] = e;
-        if ((int)(e->in + e->rank) > p->scratch_ints) p->scratch_ints = (int)(e->in + e->rank);
+        int need = LP_LORA_STATIC_SCRATCH((int)e->in, (int)e->rank, (int)e->out);
+        if (need > p->scratch_ints) p->scratch_ints = need;
     }
     return 0;
 }

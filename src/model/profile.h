@@ -11,7 +11,7 @@ struct lp_profile {
     lp_lpq q;
     const lp_model *model;
     const lp_lpq_entry **by_weight;  /* [model->n_weights] or NULL where not profiled */
-    int scratch_ints;                /* largest in + rank: the kernel's scratch */
+    int scratch_ints;                /* per thread: the largest LP_LORA_STATIC_SCRATCH */
 };
 
 /* Checks the profile against m (every tensor an adaptable weight of that

@@ -174,6 +174,7 @@ static void plan_runtime(lp_context *ctx, lp_plan *p) {
     lp_plan_add(p, "group_start", &ctx->group_start, slots + 1, 1, i);
     lp_plan_add(p, "lora_x", &ctx->lora_x, rows, widest_in, sizeof(float));
     lp_plan_add(p, "lora_t", &ctx->lora_t, ctx->lora_t_cap, 1, sizeof(float));
+    lp_plan_add(p, "lora_qt", &ctx->lora_qt, ctx->lora_t_cap, 1, sizeof(int32_t));
     lp_plan_add(p, "lora_y", &ctx->lora_y, ctx->lora_y_cap, 1, sizeof(float));
     lp_plan_add(p, "lora_batch", &ctx->lora_batch, 1, 1, lp_lora_batch_bytes());
 }
@@ -283,7 +284,8 @@ int lp_context_bind_profile(lp_context *ctx, const lp_profile *p, lp_error *err)
         return lp_fail(err, "this context already binds shared profile %016llx (a context binds one, once)",
                        (unsigned long long)ctx->profile->q.id);
     if (p->model != ctx->model) return lp_fail(err, "the profile was loaded for another model");
-    ctx->profile_scratch = malloc((size_t)(p->scratch_ints > 0 ? p->scratch_ints : 1) * sizeof(int32_t));
+    size_t per_thread = (size_t)(p->scratch_ints > 0 ? p->scratch_ints : 1);
+    ctx->profile_scratch = malloc((size_t)lp_threadpool_size(ctx->pool) * per_thread * sizeof(int32_t));
     if (!ctx->profile_scratch) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
     ctx->profile = p;
     return 0;

@@ -23,13 +23,28 @@ typedef struct lora_piece {
     int64_t kr, out, dst_stride;
 } lora_piece;
 
-/* The LoRA work collected so far: shrink tasks (x A^T -> t), expand tasks
- * (t B^T -> y), one piece per (group, projection). */
-typedef struct lora_batch {
+/* One adapter group's share of a projection under the bound shared
+ * profile: the static integer branch over its rows (x row i at x + i *
+ * x_stride, added into dst row rows[i]), their shrink codes in qt. */
+typedef struct static_piece {
+    lp_lora_static L;
+    const int *rows;
     int n;
-    size_t t_used, y_used;
+    const float *x;
+    float *dst;
+    int64_t x_stride, dst_stride;
+    int32_t *qt;          /* [n][rank] */
+} static_piece;
+
+/* The LoRA work collected so far: shrink tasks (x A^T -> t), expand tasks
+ * (t B^T -> y), one piece per (group, projection); and the pieces of
+ * adapters under the shared profile. */
+typedef struct lora_batch {
+    int n, n_static;
+    size_t t_used, y_used, qt_used;
     lora_piece piece[LP_MATMUL_TASKS_MAX];
     lp_matmul_task shrink[LP_MATMUL_TASKS_MAX], expand[LP_MATMUL_TASKS_MAX];
+    static_piece sp[LP_MATMUL_TASKS_MAX];
 } lora_batch;
 
 size_t lp_lora_batch_bytes(void) { return sizeof(lora_batch); }
@@ -91,18 +106,90 @@ static const float *group_input(lp_context *ctx, int s, const float *x, int64_t 
     return dst;
 }
 
-/* A pair of an adapter under the bound shared profile: its rows run the
- * static-encoding integer branch now, adding into the projection's rows. */
-static void apply_profiled(lp_context *ctx, const lp_lora_pair *pair, const int *rows, int n,
-                           const float *xs, int64_t xs_stride, float *dst, int64_t dst_stride) {
+/* ---- adapters under the shared profile: the static integer branch, split over the threads ---- */
+
+typedef struct static_job {
+    lp_context *ctx;
+    const static_piece *sp;
+    int n;
+    bool expand;          /* the pass: shrinks (units: rows x rank) or expands (rows x out) */
+    int64_t units;        /* over all pieces */
+} static_job;
+
+/* The piece and row holding unit u of the pass's flattened (piece, row,
+ * width) range: *piece, *row, *at (the offset within the row); returns the
+ * row's end unit, or -1 past the last piece. */
+static int64_t locate(const static_job *j, int64_t u, int *piece, int *row, int *at) {
+    int64_t base = 0;
+    for (int p = 0; p < j->n; p++) {
+        int64_t w = j->expand ? j->sp[p].L.out : j->sp[p].L.rank, size = (int64_t)j->sp[p].n * w;
+        if (u < base + size) {
+            *piece = p;
+            *row = (int)((u - base) / w);
+            *at = (int)((u - base) % w);
+            return base + (*row + 1) * w;
+        }
+        base += size;
+    }
+    return -1;
+}
+
+/* One thread's share of a pass: for the shrink, its rows' input codes then
+ * their rank rows' codes; for the expand, its rows' outputs. */
+static void static_pass(void *arg, int ti, int nt) {
+    const static_job *j = arg;
+    const lp_lora_static_ops *ops = j->ctx->kern.lora_static;
+    int32_t *scratch = j->ctx->profile_scratch + (size_t)ti * (size_t)j->ctx->profile->scratch_ints;
+    int64_t u, e;
+    lp_split_range(j->units, ti, nt, j->expand ? 64 : 1, &u, &e);
+    while (u < e) {
+        int p = 0, i = 0, at = 0;
+        int64_t end = locate(j, u, &p, &i, &at);
+        if (end < 0) return; /* not reached: units is the pieces' total */
+        int len = (int)((end < e ? end : e) - u);
+        const static_piece *s = &j->sp[p];
+        int32_t *qt = s->qt + (int64_t)i * s->L.rank;
+        if (j->expand) {
+            ops->expand(&s->L, qt, at, at + len, s->dst + s->rows[i] * s->dst_stride, (float *)scratch);
+        } else {
+            ops->quantize(&s->L, s->x + i * s->x_stride, (int16_t *)scratch);
+            ops->shrink(&s->L, (int16_t *)scratch, at, at + len, qt);
+        }
+        u += len;
+    }
+}
+
+/* Runs the collected static pieces: all shrinks in one pool pass, all
+ * expands (adding into the projections' rows) in another. */
+static void static_flush(lp_context *ctx, lora_batch *b) {
+    if (b->n_static == 0) return;
+    static_job j = {.ctx = ctx, .sp = b->sp, .n = b->n_static};
+    for (int pass = 0; pass < 2; pass++) {
+        j.expand = pass == 1;
+        j.units = 0;
+        for (int p = 0; p < b->n_static; p++)
+            j.units += (int64_t)b->sp[p].n * (j.expand ? b->sp[p].L.out : b->sp[p].L.rank);
+        lp_threadpool_run(ctx->pool, static_pass, &j);
+    }
+    b->n_static = 0;
+    b->qt_used = 0;
+}
+
+/* Queues a pair of an adapter under the bound shared profile for its rows. */
+static void add_static(lp_context *ctx, lora_batch *b, const lp_lora_pair *pair, const int *rows, int n,
+                       const float *xs, int64_t xs_stride, float *dst, int64_t dst_stride) {
     const lp_profile *pf = ctx->profile;
     const lp_lpq_entry *e = pf->by_weight[pair->weight];
-    lp_lora_static L = {
-        .qa = pair->A.data, .qb = pair->B.data, .rank = pair->rank, .in = (int)e->in,
-        .out = (int)e->out, .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
-        .act_qmax = (1 << pf->q.act_bits) - 1, .scale = pair->scale,
+    size_t need = (size_t)n * (size_t)pair->rank;
+    if (b->n_static == LP_MATMUL_TASKS_MAX || b->qt_used + need > ctx->lora_t_cap) static_flush(ctx, b);
+    b->sp[b->n_static++] = (static_piece){
+        .L = {.qa = pair->A.data, .qbt = pair->B.data, .rank = pair->rank, .in = (int)e->in, .out = (int)e->out,
+              .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
+              .act_qmax = (1 << pf->q.act_bits) - 1, .scale = pair->scale},
+        .rows = rows, .n = n, .x = xs, .x_stride = xs_stride, .dst = dst, .dst_stride = dst_stride,
+        .qt = ctx->lora_qt + b->qt_used,
     };
-    lp_lora_static_rows(&L, xs, xs_stride, n, rows, dst, dst_stride, NULL, ctx->profile_scratch);
+    b->qt_used += need;
 }
 
 /* y_i[r] += scale * B_i (A_i x[r]) for the weights i that share the input
@@ -111,8 +198,8 @@ static void apply_lora(lp_context *ctx, int n_weights, const int *weights, const
                        float *const *ys, const int64_t *y_strides) {
     if (!ctx->any_adapter) return;
     lora_batch *b = ctx->lora_batch;
-    b->n = 0;
-    b->t_used = b->y_used = 0;
+    b->n = b->n_static = 0;
+    b->t_used = b->y_used = b->qt_used = 0;
     for (int s = 1; s <= ctx->params.max_adapters; s++) {
         int n = ctx->group_start[s + 1] - ctx->group_start[s];
         const int *rows = ctx->group_rows + ctx->group_start[s];
@@ -124,7 +211,7 @@ static void apply_lora(lp_context *ctx, int n_weights, const int *weights, const
             if (!pair) continue;
             if (!xs) xs = group_input(ctx, s, x, x_stride, pair->A.cols, &xs_stride);
             if (ctx->slots[s].adapter->profile_id) { /* checked against ctx->profile at binding */
-                apply_profiled(ctx, pair, rows, n, xs, xs_stride, ys[i], y_strides[i]);
+                add_static(ctx, b, pair, rows, n, xs, xs_stride, ys[i], y_strides[i]);
                 continue;
             }
             int64_t kr = pair->B.cols, out = pair->B.rows;
@@ -144,6 +231,7 @@ static void apply_lora(lp_context *ctx, int n_weights, const int *weights, const
         }
     }
     lora_flush(ctx, b);
+    static_flush(ctx, b);
 }
 
 /* ---- the linear op ------------------------------------------------------------------------------- */

@@ -159,15 +159,22 @@ int lp_quad_write_adapter(const char *path, const lp_model *base, const lp_lpq *
 
 /* ---- profiles ------------------------------------------------------------------------ */
 
-int lp_quad_acts_init(lp_quad_acts *a, int n, lp_error *err) {
+int lp_quad_acts_init(lp_quad_acts *a, int n, int n_bins, lp_error *err) {
     memset(a, 0, sizeof *a);
     a->n_weights = n;
+    a->n_bins = n_bins > 0 ? n_bins : 0;
+    if (a->n_bins > 1024) return lp_fail(err, "at most 1024 histogram bins (%d asked)", n_bins);
     float **f[4] = {&a->x_lo, &a->x_hi, &a->t_lo, &a->t_hi};
-    for (int i = 0; i < 4; i++)
-        if (!(*f[i] = malloc((size_t)(n ? n : 1) * sizeof(float)))) {
-            lp_quad_acts_free(a);
-            return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
-        }
+    bool ok = true;
+    for (int i = 0; i < 4; i++) ok = (*f[i] = malloc((size_t)(n ? n : 1) * sizeof(float))) && ok;
+    if (ok && a->n_bins) {
+        size_t nh = (size_t)(n ? n : 1) * (size_t)a->n_bins;
+        ok = (a->x_hist = calloc(nh, sizeof(double))) && (a->t_hist = calloc(nh, sizeof(double)));
+    }
+    if (!ok) {
+        lp_quad_acts_free(a);
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    }
     for (int w = 0; w < n; w++) {
         a->x_lo[w] = a->t_lo[w] = INFINITY;
         a->x_hi[w] = a->t_hi[w] = -INFINITY;
@@ -180,16 +187,77 @@ void lp_quad_acts_free(lp_quad_acts *a) {
     free(a->x_hi);
     free(a->t_lo);
     free(a->t_hi);
+    free(a->x_hist);
+    free(a->t_hist);
     memset(a, 0, sizeof *a);
 }
 
-void lp_quad_acts_union(lp_quad_acts *d, const lp_quad_acts *s) {
-    for (int w = 0; w < d->n_weights && w < s->n_weights; w++) {
-        d->x_lo[w] = fminf(d->x_lo[w], s->x_lo[w]);
-        d->x_hi[w] = fmaxf(d->x_hi[w], s->x_hi[w]);
-        d->t_lo[w] = fminf(d->t_lo[w], s->t_lo[w]);
-        d->t_hi[w] = fmaxf(d->t_hi[w], s->t_hi[w]);
+/* Adds the counts of src (nb bins over [slo, shi]) into dst (nb bins over
+ * [dlo, dhi], which holds [slo, shi]), each bin's count at its centre. */
+static void rebin_add(double *dst, float dlo, float dhi, const double *src, float slo, float shi, int nb) {
+    float sw = (shi - slo) / (float)nb, per = dhi > dlo ? (float)nb / (dhi - dlo) : 0.0f;
+    for (int i = 0; i < nb; i++) {
+        if (src[i] == 0) continue;
+        float f = (slo + ((float)i + 0.5f) * sw - dlo) * per;
+        int b = !(f >= 0) ? 0 : f < (float)nb ? (int)f : nb - 1;
+        dst[b] += src[i];
     }
+}
+
+/* One range and its histogram widened to hold another's. */
+static void union_one(float *dlo, float *dhi, double *dh, float slo, float shi, const double *sh, int nb) {
+    if (!(slo <= shi)) return; /* src saw nothing */
+    float lo = fminf(*dlo, slo), hi = fmaxf(*dhi, shi);
+    if (dh && sh) {
+        double old[1024];
+        if (*dlo <= *dhi && (lo != *dlo || hi != *dhi) && nb <= 1024) {
+            memcpy(old, dh, (size_t)nb * sizeof *dh);
+            memset(dh, 0, (size_t)nb * sizeof *dh);
+            rebin_add(dh, lo, hi, old, *dlo, *dhi, nb);
+        }
+        rebin_add(dh, lo, hi, sh, slo, shi, nb);
+    }
+    *dlo = lo;
+    *dhi = hi;
+}
+
+void lp_quad_acts_union(lp_quad_acts *d, const lp_quad_acts *s) {
+    int nb = d->n_bins == s->n_bins && d->n_bins <= 1024 ? d->n_bins : 0;
+    for (int w = 0; w < d->n_weights && w < s->n_weights; w++) {
+        size_t at = (size_t)w * (size_t)nb;
+        union_one(&d->x_lo[w], &d->x_hi[w], nb ? d->x_hist + at : NULL, s->x_lo[w], s->x_hi[w],
+                  nb ? s->x_hist + at : NULL, nb);
+        union_one(&d->t_lo[w], &d->t_hi[w], nb ? d->t_hist + at : NULL, s->t_lo[w], s->t_hi[w],
+                  nb ? s->t_hist + at : NULL, nb);
+    }
+}
+
+/* Expected squared error of h (nb bins over [lo, hi]) under encoding e. */
+static double enc_mse(const double *h, int nb, float lo, float hi, lp_qenc e, int qmax) {
+    double w = ((double)hi - lo) / nb, a = -(double)e.zero * e.scale, b = (double)(qmax - e.zero) * e.scale;
+    double inside = (double)e.scale * e.scale / 12.0, sum = 0;
+    for (int i = 0; i < nb; i++) {
+        if (h[i] == 0) continue;
+        double c = lo + (i + 0.5) * w, d = c < a ? a - c : c > b ? c - b : 0;
+        sum += h[i] * (d > 0 ? d * d : inside);
+    }
+    return sum;
+}
+
+lp_qenc lp_qenc_mse(const double *h, int nb, float lo, float hi, int qmax) {
+    if (!(lo <= 0.0f)) lo = 0.0f;
+    if (!(hi >= 0.0f)) hi = 0.0f;
+    lp_qenc best = lp_qenc_from_range(lo, hi, qmax);
+    if (!h || nb < 1 || !(hi - lo > 0) || !isfinite(hi - lo)) return best;
+    enum { GRID = 40 };
+    double best_err = enc_mse(h, nb, lo, hi, best, qmax);
+    for (int i = 1; i <= GRID; i++)
+        for (int j = 1; j <= GRID; j++) {
+            lp_qenc e = lp_qenc_from_range(lo * (float)i / GRID, hi * (float)j / GRID, qmax);
+            double err = enc_mse(h, nb, lo, hi, e, qmax);
+            if (err < best_err) best_err = err, best = e;
+        }
+    return best;
 }
 
 static int cmp_lpq_entry(const void *x, const void *y) {
@@ -222,8 +290,11 @@ static int profile_entry(const lp_model *base, int w, const lp_quad_lora *const 
     for (uint32_t c = 0; c < e->nb; c++) e->b[c] = lp_qenc_from_range(lo[e->na + c], hi[e->na + c], qmax);
     free(lo);
     free(hi);
-    e->x = lp_qenc_from_range(acts->x_lo[w], acts->x_hi[w], 255);
-    e->t = lp_qenc_from_range(acts->t_lo[w], acts->t_hi[w], 255);
+    size_t at = (size_t)w * (size_t)acts->n_bins;
+    e->x = acts->n_bins ? lp_qenc_mse(acts->x_hist + at, acts->n_bins, acts->x_lo[w], acts->x_hi[w], 255)
+                        : lp_qenc_from_range(acts->x_lo[w], acts->x_hi[w], 255);
+    e->t = acts->n_bins ? lp_qenc_mse(acts->t_hist + at, acts->n_bins, acts->t_lo[w], acts->t_hi[w], 255)
+                        : lp_qenc_from_range(acts->t_lo[w], acts->t_hi[w], 255);
     return 0;
 }
 

@@ -36,17 +36,30 @@ int lp_quad_write_adapter(const char *path, const lp_model *base, const lp_lpq *
  * encodings (what the codes stand for). */
 void lp_quad_fake_quantize(lp_quad_lora *fp, const lp_lpq *profile);
 
-/* Observed LoRA-branch activation ranges, by weight id: the shrink's input
- * x and output t = x A^T. */
+/* Observed LoRA-branch activations, by weight id: the shrink's input x and
+ * output t = x A^T; their ranges and, with n_bins > 0, histograms of n_bins
+ * equal bins over each range. With histograms a profile's activation
+ * encodings are the clipped ranges of least expected squared error
+ * (lp_qenc_mse); without, the observed min / max. */
 typedef struct lp_quad_acts {
-    int n_weights;
+    int n_weights, n_bins;
     float *x_lo, *x_hi, *t_lo, *t_hi;
+    double *x_hist, *t_hist; /* [n_weights][n_bins], or NULL */
 } lp_quad_acts;
 
-int lp_quad_acts_init(lp_quad_acts *a, int n_weights, lp_error *err);
+/* n_bins: 0 (ranges only) to 1024. */
+int lp_quad_acts_init(lp_quad_acts *a, int n_weights, int n_bins, lp_error *err);
 void lp_quad_acts_free(lp_quad_acts *a);
-/* dst widened to hold src. */
+/* dst widened to hold src; histograms (when both have them) re-binned onto
+ * the widened ranges and added. */
 void lp_quad_acts_union(lp_quad_acts *dst, const lp_quad_acts *src);
+
+/* The encoding on codes 0..qmax of a clipped range [a, b] within [lo, hi]
+ * (holding 0) that minimises the expected squared error over the histogram
+ * h[0..nb) of equal bins over [lo, hi]: step^2 / 12 for a value inside the
+ * codes' range, the distance to its end squared for one outside. The
+ * clipped ends are searched on a grid of fractions of lo and hi. */
+lp_qenc lp_qenc_mse(const double *h, int nb, float lo, float hi, int qmax);
 
 /* A profile for `base`: the weight encodings from the min / max of every
  * adapter in fps[0..n) together at each tensor position (per tensor or per

@@ -23,8 +23,9 @@ struct lp_train_quad {
     uint8_t **qa, **qb;           /* [n_slots] codes of the current weights */
     int32_t *scratch;             /* [n_threads][widest in + rank] */
     int scratch_per_thread;
-    bool observe;
+    bool observe, histogram;
     float *x_lo, *x_hi, *t_lo, *t_hi; /* [n_slots] */
+    double *hist;                 /* [n_slots][2][LP_QUAD_HIST_BINS] counts of x, t */
 };
 
 lp_train_quad *lp_train_quad_create(const lp_train_model *m, lp_error *err) {
@@ -39,7 +40,7 @@ lp_train_quad *lp_train_quad_create(const lp_train_model *m, lp_error *err) {
     int widest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     int qd = c->n_heads * c->head_dim;
     if (qd > widest) widest = qd;
-    q->scratch_per_thread = widest + (c->lora_rank > 0 ? c->lora_rank : 1);
+    q->scratch_per_thread = LP_LORA_STATIC_SCRATCH(widest, c->lora_rank > 0 ? c->lora_rank : 1, widest);
     size_t tokens = m->acts ? (size_t)m->acts->max_batch * (size_t)m->acts->max_seq : 0;
     q->xq_floats = tokens * (size_t)widest;
     q->xq = lp_alloc((q->xq_floats ? q->xq_floats : 1) * sizeof(float));
@@ -74,12 +75,36 @@ void lp_train_quad_free(lp_train_quad *q) {
     free(q->x_hi);
     free(q->t_lo);
     free(q->t_hi);
+    free(q->hist);
     free(q);
 }
 
 void lp_train_quad_base_act_q8(lp_train_quad *q, bool on) { q->base_act_q8 = on; }
 
 void lp_train_quad_observe(lp_train_quad *q, bool on) { q->observe = on; }
+
+int lp_train_quad_histogram(lp_train_quad *q, bool on, lp_error *err) {
+    size_t n = (size_t)q->n_slots * 2 * LP_QUAD_HIST_BINS;
+    if (on && !q->hist && !(q->hist = calloc(n, sizeof *q->hist)))
+        return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    if (on) memset(q->hist, 0, n * sizeof *q->hist);
+    q->histogram = on;
+    return 0;
+}
+
+const double *lp_train_quad_hist(const lp_train_quad *q, int slot) {
+    return q->hist && slot >= 0 && slot < q->n_slots ? q->hist + (size_t)slot * 2 * LP_QUAD_HIST_BINS : NULL;
+}
+
+/* Counts of v[0..n) in LP_QUAD_HIST_BINS bins over [lo, hi] (ends clamped). */
+static void count_into(double *h, const float *v, size_t n, float lo, float hi) {
+    float span = hi - lo, per = span > 0 ? (float)LP_QUAD_HIST_BINS / span : 0.0f;
+    for (size_t i = 0; i < n; i++) {
+        float f = (v[i] - lo) * per;
+        int b = !(f >= 0) ? 0 : f < (float)LP_QUAD_HIST_BINS ? (int)f : LP_QUAD_HIST_BINS - 1; /* NaN: bin 0 */
+        h[b] += 1.0;
+    }
+}
 
 void lp_train_quad_reset_ranges(lp_train_quad *q) {
     for (int i = 0; i < q->n_slots; i++) {
@@ -126,15 +151,15 @@ int lp_train_quad_set_profile(lp_train_quad *q, const lp_train_model *m, const l
     return 0;
 }
 
-/* codes of m under per-row or per-tensor encodings, and m replaced by the
- * values they stand for */
+/* codes of m under per-row or per-tensor encodings (transposed: [cols][rows],
+ * as the static branch reads B), and m replaced by the values they stand for */
 static void encode_fake(float *m, size_t rows, size_t cols, const lp_qenc *enc, uint32_t n, int qmax,
-                        uint8_t *codes) {
+                        bool transposed, uint8_t *codes) {
     for (size_t r = 0; r < rows; r++) {
         lp_qenc e = enc[n > 1 ? r : 0];
         for (size_t k = 0; k < cols; k++) {
             int c = lp_q_code(m[r * cols + k], e, qmax);
-            codes[r * cols + k] = (uint8_t)c;
+            codes[transposed ? k * rows + r : r * cols + k] = (uint8_t)c;
             m[r * cols + k] = lp_q_value(c, e);
         }
     }
@@ -151,8 +176,8 @@ int lp_train_quad_begin(lp_train_quad *q, lp_train_model *m, float *keep, lp_err
             int s = lp_llama_weight_id(l, (lp_proj)p);
             const lp_lpq_entry *e = q->enc[s];
             if (!e) continue;
-            encode_fake(m->w.layers[l].lora_a[p], e->rank, e->in, e->a, e->na, qmax, q->qa[s]);
-            encode_fake(m->w.layers[l].lora_b[p], e->out, e->rank, e->b, e->nb, qmax, q->qb[s]);
+            encode_fake(m->w.layers[l].lora_a[p], e->rank, e->in, e->a, e->na, qmax, false, q->qa[s]);
+            encode_fake(m->w.layers[l].lora_b[p], e->out, e->rank, e->b, e->nb, qmax, true, q->qb[s]);
         }
     return 0;
 }
@@ -207,7 +232,7 @@ bool lp_t_quad_branch(lp_train_model *m, int l, int p, float *y, const float *x,
     if (!e) return false;
     const lp_train_config *c = &m->cfg;
     lp_lora_static L = {
-        .qa = q->qa[s], .qb = q->qb[s], .rank = (int)e->rank, .in = (int)e->in, .out = (int)e->out,
+        .qa = q->qa[s], .qbt = q->qb[s], .rank = (int)e->rank, .in = (int)e->in, .out = (int)e->out,
         .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
         .act_qmax = (1 << q->profile->act_bits) - 1, .scale = c->lora_alpha / (float)c->lora_rank,
     };
@@ -223,6 +248,12 @@ void lp_t_quad_observe(lp_train_model *m, int l, int p, const float *x, const fl
     const lp_train_config *c = &m->cfg;
     int s = lp_llama_weight_id(l, (lp_proj)p);
     size_t in = lp_t_lora_rows_in(c, p), nx = (size_t)N * in, nt = (size_t)N * (size_t)c->lora_rank;
+    if (q->histogram) {
+        double *h = q->hist + (size_t)s * 2 * LP_QUAD_HIST_BINS;
+        count_into(h, x, nx, q->x_lo[s], q->x_hi[s]);
+        count_into(h + LP_QUAD_HIST_BINS, t, nt, q->t_lo[s], q->t_hi[s]);
+        return;
+    }
     float lo = q->x_lo[s], hi = q->x_hi[s];
     for (size_t i = 0; i < nx; i++) {
         lo = x[i] < lo ? x[i] : lo;

@@ -209,6 +209,14 @@ void lp_train_quad_observe(lp_train_quad *q, bool on);
 void lp_train_quad_reset_ranges(lp_train_quad *q);
 void lp_train_quad_ranges(const lp_train_quad *q, int slot, float *x_lo, float *x_hi, float *t_lo,
                           float *t_hi);
+/* A second observing pass, over the same data: counts of x and t in
+ * LP_QUAD_HIST_BINS equal bins spanning each slot's observed range (the
+ * first pass's), for an encoding that weighs rounding against clipping.
+ * lp_train_quad_hist: the slot's [2][LP_QUAD_HIST_BINS] counts (x, then t);
+ * NULL before the histogram pass. */
+#define LP_QUAD_HIST_BINS 512
+int lp_train_quad_histogram(lp_train_quad *q, bool on, lp_error *err);
+const double *lp_train_quad_hist(const lp_train_quad *q, int slot);
 /* Jensen-Shannon divergence (nats) of the softmaxes of two logit rows;
  * tmp: 2 V doubles. */
 double lp_quad_js(const float *za, const float *zb, int V, double *tmp);

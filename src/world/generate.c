@@ -240,6 +240,8 @@ static int write_readme(const char *dir, const lp_world_params *p, const lp_worl
             "  `tasks/correct.v1.train.jsonl`: the first generator version's correction\n"
             "  records (some of its agreement errors had two right answers), kept because\n"
             "  the vocabulary and the demo adapters' shared warm start were made from them.\n"
+            "  `style-curious` is a fifth style that the demo's adapters never train on\n"
+            "  and the vocabulary never saw (QUAD's over-the-air adapter, docs/quad.md).\n"
             "  Train and eval never share a meaning (split by a hash of the meaning's\n"
             "  core: subject, verb, object, tense; %d%% of cores are eval).\n"
             "  The model input is BOS + prompt (which ends in a newline) + completion +\n"
@@ -253,7 +255,7 @@ static int write_readme(const char *dir, const lp_world_params *p, const lp_worl
             st->pretrain_lines, st->pretrain_bytes, st->task_train_records,
             st->task_eval_records, p->per_task, p->per_task * p->correct_factor,
             p->eval_per_task, p->eval_percent, st->vocab_size);
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++) readme_example(f, &firsts[t]);
+    for (int t = 0; t < LP_WORLD_N_ALL_TASKS; t++) readme_example(f, &firsts[t]);
     fprintf(f,
             "\n## Recommended training (2-core CPU)\n\n"
             "Base model, trained from scratch on pretrain.txt only (it never sees a task\n"
@@ -301,13 +303,13 @@ int lp_world_generate(const char *dir, const lp_world_params *p, lp_world_stats 
     if (world_make_dir(dir, err) != 0 || world_make_dir(tasks_dir, err) != 0) return -1;
     lp_bpe *bpe = lp_bpe_create(err);
     if (!bpe) return -1;
-    lp_world_record firsts[LP_WORLD_N_TASKS];
+    lp_world_record firsts[LP_WORLD_N_ALL_TASKS];
     memset(firsts, 0, sizeof firsts);
     int rc = -1;
     double t0 = lp_now_seconds();
     if (write_pretrain(dir, p, bpe, &st, err) != 0) goto done;
-    for (int t = 0; t < LP_WORLD_N_TASKS; t++)
-        if (write_task(dir, t, p, bpe, &firsts[t], &st, err) != 0) goto done;
+    for (int t = 0; t < LP_WORLD_N_ALL_TASKS; t++) /* style-curious leaves the vocabulary alone */
+        if (write_task(dir, t, p, t < LP_WORLD_N_TASKS ? bpe : NULL, &firsts[t], &st, err) != 0) goto done;
     double t1 = lp_now_seconds();
     if (lp_bpe_train(bpe, p->vocab_size, err) != 0) goto done;
     char path[1024];

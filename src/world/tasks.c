@@ -6,18 +6,18 @@
 
 #include "world_internal.h"
 
-enum { T_CORRECT, T_FORMAL, T_POLITE, T_JOVIAL, T_TERSE, T_SUMMARY, T_REPLY, T_TRANSLATE };
+enum { T_CORRECT, T_FORMAL, T_POLITE, T_JOVIAL, T_TERSE, T_SUMMARY, T_REPLY, T_TRANSLATE, T_CURIOUS };
 
-static const char *const task_names[LP_WORLD_N_TASKS] = {
+static const char *const task_names[LP_WORLD_N_ALL_TASKS] = {
     "correct", "style-formal", "style-polite", "style-jovial",
-    "style-terse", "summary", "reply", "translate"};
+    "style-terse", "summary", "reply", "translate", "style-curious"};
 
 const char *lp_world_task_name(int task) {
-    return task >= 0 && task < LP_WORLD_N_TASKS ? task_names[task] : "?";
+    return task >= 0 && task < LP_WORLD_N_ALL_TASKS ? task_names[task] : "?";
 }
 
 int lp_world_task_from_name(const char *name) {
-    for (int i = 0; i < LP_WORLD_N_TASKS; i++)
+    for (int i = 0; i < LP_WORLD_N_ALL_TASKS; i++)
         if (strcmp(name, task_names[i]) == 0) return i;
     return -1;
 }
@@ -29,13 +29,21 @@ typedef struct style_frame {
     const char *prefix, *suffix;
 } style_frame;
 
-static const style_frame style_frames[3][LP_N_LANGS] = {
+static const style_frame style_frames[4][LP_N_LANGS] = {
     /* formal */ {{"It is my duty to report that ", "."}, {"Numo veleta ke ", "."},
                   {"Hadro zubim ka ", "."}},
     /* polite */ {{"Please note that ", ". Thank you."}, {"Pimo, ", ". Tesai."},
                   {"Buri, ", ". Gazo."}},
     /* jovial */ {{"Wow, ", "!"}, {"Oho, ", "!"}, {"Hai, ", "!"}},
+    /* curious */ {{"Did you know that ", "?"}, {"Sabi tu ke ", "?"}, {"Zodo kuzo ka ", "?"}},
 };
+
+/* The frame row and the prompt tag of a framed style task. */
+static int style_row(int task) { return task == T_CURIOUS ? 3 : task - T_FORMAL; }
+static const char *style_tag(int task) {
+    static const char *const tags[] = {"formal", "polite", "jovial", "terse"};
+    return task == T_CURIOUS ? "curious" : tags[task - T_FORMAL];
+}
 
 static void render_style(sb *s, const lp_meaning *m, int lang, int task) {
     if (task == T_TERSE) {
@@ -44,7 +52,7 @@ static void render_style(sb *s, const lp_meaning *m, int lang, int task) {
         sb_put(s, ".");
         return;
     }
-    const style_frame *f = &style_frames[task - T_FORMAL][lang];
+    const style_frame *f = &style_frames[style_row(task)][lang];
     sb_put(s, f->prefix);
     lp_render_opts o = {.lower_first = true};
     world_clause(s, m, lang, &o);
@@ -357,9 +365,8 @@ uint64_t world_make_record(lp_rng *rng, int task, int lang, bool v1, lp_world_re
         lp_world_random_meaning(rng, false, &m);
         world_make_correct(rng, &m, lang, v1, r);
         return world_core_key(&m);
-    case T_FORMAL: case T_POLITE: case T_JOVIAL: case T_TERSE: {
-        static const char *const tags[] = {"formal", "polite", "jovial", "terse"};
-        const char *tag = tags[task - T_FORMAL];
+    case T_FORMAL: case T_POLITE: case T_JOVIAL: case T_TERSE: case T_CURIOUS: {
+        const char *tag = style_tag(task);
         snprintf(r->style, sizeof r->style, "%s", tag);
         lp_world_random_meaning(rng, true, &m);
         lp_world_render(&m, lang, NULL, src, sizeof src);

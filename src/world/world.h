@@ -84,8 +84,12 @@ void lp_world_lexicon_size(lp_lexicon_size *out);
 /* ---- tasks ---------------------------------------------------------------- */
 
 /* Task names: "correct", "style-formal", "style-polite", "style-jovial",
- * "style-terse", "summary", "reply", "translate". */
+ * "style-terse", "summary", "reply", "translate" (the demo's eight adapters),
+ * then "style-curious" (index LP_WORLD_N_TASKS): a fifth style that no demo
+ * adapter trains on and the vocabulary never saw, for QUAD's over-the-air
+ * case (an adapter made after the shared profile was fixed). */
 #define LP_WORLD_N_TASKS 8
+#define LP_WORLD_N_ALL_TASKS 9
 const char *lp_world_task_name(int task);
 int lp_world_task_from_name(const char *name); /* -1 if unknown */
 
