@@ -3,8 +3,9 @@
 # made from it can be rerun: `loraplex world --out w1 --seed 1` (the default
 # version) and `--version 1` write exactly the files whose SHA-256 sums
 # tests/data/world_v1_seed1.sha256 records (computed from the generator as
-# it was before version 2 existed). The README records the command line, so
-# with --version 1 every file but the README is compared.
+# it was before version 2 existed; the README's and the style-curious files'
+# sums since that task was added, the others unchanged). The README records
+# the command line, so with --version 1 every file but the README is compared.
 set -u
 bin="$1"; work="$3/cli_world_tmp"
 root=$(cd "$(dirname "$0")/.." && pwd)

@@ -247,7 +247,8 @@ static int write_readme(const char *dir, const lp_world_params *p, const lp_worl
             "  The model input is BOS + prompt (which ends in a newline) + completion +\n"
             "  EOS; generation stops at EOS or a newline.\n"
             "- `vocab.gguf`: a byte-level BPE vocabulary (%d tokens: <s>=0, </s>=1,\n"
-            "  <pad>=2, 256 bytes, merges) trained on pretrain.txt and the train records.\n"
+            "  <pad>=2, 256 bytes, merges) trained on pretrain.txt and the train records\n"
+            "  (not style-curious's).\n"
             "  tokenizer.ggml.model = gpt2, pre = gpt2. Copy it into the model.\n\n"
             "## Tasks (first train record of each)\n\n"
             "| task | lang | prompt | completion |\n|---|---|---|---|\n",
