@@ -615,10 +615,9 @@ static void test_act_calibration(void) {
     CHECK(z.scale == zr.scale && z.zero == zr.zero);
 
     lp_error err;
-    lp_quad_acts a, b;
+    lp_quad_acts a, b, c;
+    CHECK(lp_quad_acts_init(&c, 2, 4096, &err) != 0 && strstr(err.message, "1024"));
     CHECK(lp_quad_acts_init(&a, 2, NB, &err) == 0 && lp_quad_acts_init(&b, 2, NB, &err) == 0);
-    CHECK(lp_quad_acts_init(&b, 2, 4096, &err) != 0);
-    CHECK(lp_quad_acts_init(&b, 2, NB, &err) == 0);
     for (int w = 0; w < 2; w++) {
         a.x_lo[w] = -1, a.x_hi[w] = 1, a.t_lo[w] = -2, a.t_hi[w] = 2;
         b.x_lo[w] = -4, b.x_hi[w] = 0.5f, b.t_lo[w] = -1, b.t_hi[w] = 1;
