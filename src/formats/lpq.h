@@ -92,6 +92,13 @@ static inline int lp_q_code(float x, lp_qenc e, int qmax) {
 
 static inline float lp_q_value(int q, lp_qenc e) { return e.scale * (float)(q - e.zero); }
 
+/* The bin of v among nb equal bins from lo, per = nb / (hi - lo); values
+ * outside (and NaN) land in the end bins. Calibration histograms use it. */
+static inline int lp_q_bin(float v, float lo, float per, int nb) {
+    float f = (v - lo) * per;
+    return !(f >= 0) ? 0 : f < (float)nb ? (int)f : nb - 1;
+}
+
 /* The encoding of [lo, hi] (widened to hold 0) on codes 0..qmax. */
 lp_qenc lp_qenc_from_range(float lo, float hi, int qmax);
 

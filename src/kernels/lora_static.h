@@ -16,8 +16,6 @@
 
 #include <stdint.h>
 
-#include <stdbool.h>
-
 #include "../formats/lpq.h"
 
 typedef struct lp_lora_static {

@@ -163,7 +163,8 @@ int lp_quad_acts_init(lp_quad_acts *a, int n, int n_bins, lp_error *err) {
     memset(a, 0, sizeof *a);
     a->n_weights = n;
     a->n_bins = n_bins > 0 ? n_bins : 0;
-    if (a->n_bins > 1024) return lp_fail(err, "at most 1024 histogram bins (%d asked)", n_bins);
+    if (a->n_bins > LP_QUAD_MAX_BINS)
+        return lp_fail(err, "at most %d histogram bins (%d asked)", LP_QUAD_MAX_BINS, n_bins);
     float **f[4] = {&a->x_lo, &a->x_hi, &a->t_lo, &a->t_hi};
     bool ok = true;
     for (int i = 0; i < 4; i++) ok = (*f[i] = malloc((size_t)(n ? n : 1) * sizeof(float))) && ok;
@@ -198,9 +199,7 @@ static void rebin_add(double *dst, float dlo, float dhi, const double *src, floa
     float sw = (shi - slo) / (float)nb, per = dhi > dlo ? (float)nb / (dhi - dlo) : 0.0f;
     for (int i = 0; i < nb; i++) {
         if (src[i] == 0) continue;
-        float f = (slo + ((float)i + 0.5f) * sw - dlo) * per;
-        int b = !(f >= 0) ? 0 : f < (float)nb ? (int)f : nb - 1;
-        dst[b] += src[i];
+        dst[lp_q_bin(slo + ((float)i + 0.5f) * sw, dlo, per, nb)] += src[i];
     }
 }
 
@@ -209,8 +208,8 @@ static void union_one(float *dlo, float *dhi, double *dh, float slo, float shi, 
     if (!(slo <= shi)) return; /* src saw nothing */
     float lo = fminf(*dlo, slo), hi = fmaxf(*dhi, shi);
     if (dh && sh) {
-        double old[1024];
-        if (*dlo <= *dhi && (lo != *dlo || hi != *dhi) && nb <= 1024) {
+        double old[LP_QUAD_MAX_BINS];
+        if (*dlo <= *dhi && (lo != *dlo || hi != *dhi)) {
             memcpy(old, dh, (size_t)nb * sizeof *dh);
             memset(dh, 0, (size_t)nb * sizeof *dh);
             rebin_add(dh, lo, hi, old, *dlo, *dhi, nb);
@@ -222,7 +221,7 @@ static void union_one(float *dlo, float *dhi, double *dh, float slo, float shi, 
 }
 
 void lp_quad_acts_union(lp_quad_acts *d, const lp_quad_acts *s) {
-    int nb = d->n_bins == s->n_bins && d->n_bins <= 1024 ? d->n_bins : 0;
+    int nb = d->n_bins == s->n_bins ? d->n_bins : 0; /* both <= LP_QUAD_MAX_BINS (init) */
     for (int w = 0; w < d->n_weights && w < s->n_weights; w++) {
         size_t at = (size_t)w * (size_t)nb;
         union_one(&d->x_lo[w], &d->x_hi[w], nb ? d->x_hist + at : NULL, s->x_lo[w], s->x_hi[w],

@@ -47,7 +47,8 @@ typedef struct lp_quad_acts {
     double *x_hist, *t_hist; /* [n_weights][n_bins], or NULL */
 } lp_quad_acts;
 
-/* n_bins: 0 (ranges only) to 1024. */
+#define LP_QUAD_MAX_BINS 1024
+/* n_bins: 0 (ranges only) to LP_QUAD_MAX_BINS. */
 int lp_quad_acts_init(lp_quad_acts *a, int n_weights, int n_bins, lp_error *err);
 void lp_quad_acts_free(lp_quad_acts *a);
 /* dst widened to hold src; histograms (when both have them) re-binned onto

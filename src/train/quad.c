@@ -99,11 +99,7 @@ const double *lp_train_quad_hist(const lp_train_quad *q, int slot) {
 /* Counts of v[0..n) in LP_QUAD_HIST_BINS bins over [lo, hi] (ends clamped). */
 static void count_into(double *h, const float *v, size_t n, float lo, float hi) {
     float span = hi - lo, per = span > 0 ? (float)LP_QUAD_HIST_BINS / span : 0.0f;
-    for (size_t i = 0; i < n; i++) {
-        float f = (v[i] - lo) * per;
-        int b = !(f >= 0) ? 0 : f < (float)LP_QUAD_HIST_BINS ? (int)f : LP_QUAD_HIST_BINS - 1; /* NaN: bin 0 */
-        h[b] += 1.0;
-    }
+    for (size_t i = 0; i < n; i++) h[lp_q_bin(v[i], lo, per, LP_QUAD_HIST_BINS)] += 1.0;
 }
 
 void lp_train_quad_reset_ranges(lp_train_quad *q) {
