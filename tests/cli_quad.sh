@@ -50,6 +50,16 @@ grep -q "x.train.jsonl\|x.eval.jsonl" "$work/x.err" && ok || bad "missing calibr
 
 "$bin" quad ptq --base "$demo/base.gguf" --profile "$work/s.lpq" --adapter "$A/correct.lpa" -o "$work/c-ptq.lpa" \
   2>"$work/ptq.err" && ok || { bad "quad ptq"; cat "$work/ptq.err" >&2; }
+
+# bench --adapter-cost: the profiled adapter and the per-group one take turns with the base
+out=$("$bin" bench -m "$demo/base.gguf" --adapter-cost --adapters "$work/c-ptq.lpa,$A/correct.lpa" \
+      --profile "$work/s.lpq" -p 8 -n 3 -r 1 -t 2 --json 2>"$work/cost.err"); rc=$?
+if [ $rc -eq 0 ] && [ "$(printf '%s\n' "$out" | grep -c '"mode":"adapter_cost".*"added_ms":-*[0-9]')" = 3 ] &&
+   printf '%s' "$out" | grep -q '"adapter":"[^"]*c-ptq.lpa"'; then ok
+else bad "bench --adapter-cost: rc=$rc $out $(cat "$work/cost.err")"; fi
+out=$("$bin" bench -m "$demo/base.gguf" --adapter-cost --adapters "$work/c-ptq.lpa" -p 8 -n 3 -r 1 2>"$work/cost.err"); rc=$?
+[ $rc -ne 0 ] && [ -z "$out" ] && grep -q "profile" "$work/cost.err" && ok ||
+  bad "bench --adapter-cost without the profile: rc=$rc $(cat "$work/cost.err")"
 fit() { "$bin" quad fit --base "$demo/base.gguf" --profile "$work/s.lpq" --adapter "$A/correct.lpa" \
         --data "$T/correct.eval.jsonl" --holdout 4 --steps 2 --batch 2 --seq 64 --eval-every 2 --lr 2e-4 --seed 3 \
         --threads 2 "$@"; }

@@ -236,7 +236,7 @@ static void test_lpa_v3(void) {
  * (qb: B's codes [out][rank], as the file stores them). */
 static void reference(const lp_lora_static *L, const uint8_t *qb, const float *x, int n, float *y) {
     for (int i = 0; i < n; i++) {
-        int qt[512];
+        int qt[LP_LORA_STATIC_INT32_RANK + 8];
         for (int j = 0; j < L->rank; j++) {
             lp_qenc ea = L->ea[L->na > 1 ? j : 0];
             int64_t acc = 0;
@@ -256,29 +256,28 @@ static void reference(const lp_lora_static *L, const uint8_t *qb, const float *x
     }
 }
 
-/* Every level's build against the reference, bit for bit: ranks on both
- * sides of the float expand's limit, per-tensor and per-channel encodings,
- * 8- and 4-bit codes, one and several rows, and an input wider than one
- * 32-bit chunk of the shrink. */
 /* A level's steps over n rows, each row's rank and outputs cut in two parts
  * (as the runtime splits them over threads). */
 static void run_steps(const lp_lora_static_ops *ops, const lp_lora_static *L, const float *x, int n, float *y,
                       int32_t *scratch) {
-    int32_t *qt = scratch;
-    float *acc = (float *)(scratch + L->rank);
-    int16_t *qx = (int16_t *)(scratch + L->rank + 2 * L->out);
+    uint8_t *ct = (uint8_t *)scratch, *cx = ct + 4 * ((L->rank + 3) / 4);
     for (int i = 0; i < n; i++) {
-        ops->quantize(L, x + (size_t)i * (size_t)L->in, qx);
-        ops->shrink(L, qx, 0, L->rank / 2, qt);
-        ops->shrink(L, qx, L->rank / 2, L->rank, qt);
-        ops->expand(L, qt, 0, L->out / 3, y + (size_t)i * (size_t)L->out, acc);
-        ops->expand(L, qt, L->out / 3, L->out, y + (size_t)i * (size_t)L->out, acc);
+        int64_t sum = ops->quantize(L, x + (size_t)i * (size_t)L->in, cx);
+        ops->shrink(L, cx, sum, 0, L->rank / 2, ct);
+        ops->shrink(L, cx, sum, L->rank / 2, L->rank, ct);
+        ops->expand(L, ct, 0, L->out / 3, y + (size_t)i * (size_t)L->out);
+        ops->expand(L, ct, L->out / 3, L->out, y + (size_t)i * (size_t)L->out);
     }
 }
 
+/* Every level's build against the reference, bit for bit: ranks that are
+ * and are not multiples of 4 and one past the 32-bit expand's limit,
+ * per-tensor and per-channel encodings, 8- and 4-bit codes, one and several
+ * rows, output and input counts off the vector widths, and an input wider
+ * than one 32-bit chunk of the shrink with its codes at the ends. */
 static void test_kernel(void) {
-    const lp_lora_static_ops *levels[3] = {&lp_lora_static_ref, NULL, NULL};
-    const char *names[4] = {"reference", "avx2", "avx512", "lp_lora_static_rows"};
+    const lp_lora_static_ops *levels[5] = {&lp_lora_static_ref};
+    const char *names[6] = {"reference", "avx2", "avx512", "avx512 vnni", "avx-vnni", "lp_lora_static_rows"};
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
     lp_kernels best;
@@ -286,22 +285,33 @@ static void test_kernel(void) {
 #if defined(__x86_64__)
     if (best.level >= 1) levels[1] = &lp_lora_static_avx2;
     if (best.level >= 2) levels[2] = &lp_lora_static_avx512;
+    if (best.int_level == LP_INT_AVX512VNNI || best.int_level == LP_INT_AMX) levels[3] = &lp_lora_static_avx512vnni;
+    if (cpu.avxvnni) levels[4] = &lp_lora_static_avxvnni;
+    /* the level the runtime picks is one of these */
+    bool listed = false;
+    for (int f = 0; f < 5; f++) listed |= best.lora_static == levels[f];
+    CHECK(listed);
 #endif
     uint64_t s = 7;
-    static const int ranks[] = {1, 6, 16, 11, 256, 300, 21, 3};
-    for (int trial = 0; trial < 8; trial++) {
+    static const int ranks[] = {1, 6, 16, 11, 256, 300, 21, 3, LP_LORA_STATIC_INT32_RANK + 5};
+    for (int trial = 0; trial < 9; trial++) {
         int rank = ranks[trial], in = trial == 7 ? 40000 : 40 + 17 * trial, out = 24 + 9 * trial, n = 1 + trial % 4;
         int bits = trial % 2 ? 4 : 8, qmax = (1 << bits) - 1;
         bool chan = trial >= 2;
-        uint8_t *qa = malloc((size_t)rank * in), *qb = malloc((size_t)out * rank), *qbt = malloc((size_t)out * rank);
+        uint8_t *qa = malloc((size_t)rank * in), *qb = malloc((size_t)out * rank);
+        uint8_t *quads = calloc(LP_LORA_STATIC_B_BYTES(rank, out), 1);
+        int64_t *sum_a = malloc(sizeof(int64_t) * (size_t)rank);
         for (int i = 0; i < rank * in; i++) qa[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
         for (int i = 0; i < out * rank; i++) qb[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
+        if (trial == 7) /* codes at the ends, so the sums run near their bounds */
+            for (int i = 0; i < rank * in; i++) qa[i] = i % 2 ? (uint8_t)qmax : 0;
         for (int o = 0; o < out; o++)
-            for (int j = 0; j < rank; j++) qbt[j * out + o] = qb[o * rank + j];
+            for (int j = 0; j < rank; j++) quads[lp_lora_static_b_at(rank, j, o)] = qb[o * rank + j];
+        lp_lora_static_sum_a(qa, rank, in, sum_a);
         lp_qenc *ea = malloc(sizeof *ea * (size_t)rank), *eb = malloc(sizeof *eb * (size_t)out);
         for (int c = 0; c < rank; c++) ea[c] = (lp_qenc){.scale = 0.01f + 0.001f * (c % 32), .zero = c % (qmax + 1)};
         for (int c = 0; c < out; c++) eb[c] = (lp_qenc){.scale = 0.02f + 0.0005f * c, .zero = (3 * c) % (qmax + 1)};
-        lp_lora_static L = {.qa = qa, .qbt = qbt, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
+        lp_lora_static L = {.qa = qa, .qb = quads, .sum_a = sum_a, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
                             .na = chan ? (uint32_t)rank : 1, .nb = chan ? (uint32_t)out : 1,
                             .x = lp_qenc_from_range(-2.0f, 2.5f, 255), .t = lp_qenc_from_range(-3.0f, 3.0f, 255),
                             .act_qmax = 255, .scale = 0.75f};
@@ -312,11 +322,11 @@ static void test_kernel(void) {
             for (int i = 0; i < n * in; i++) x[i] = i % 3 ? 2.5f : -2.0f;
         for (int i = 0; i < n * out; i++) y0[i] = yr[i] = frand(&s);
         reference(&L, qb, x, n, yr);
-        int32_t *scratch = malloc(sizeof(int32_t) * (size_t)LP_LORA_STATIC_SCRATCH(in, rank, out));
-        for (int f = 0; f < 4; f++) {
-            if (f < 3 && !levels[f]) continue;
+        int32_t *scratch = malloc(sizeof(int32_t) * (size_t)LP_LORA_STATIC_SCRATCH(in, rank));
+        for (int f = 0; f < 6; f++) {
+            if (f < 5 && !levels[f]) continue;
             memcpy(y, y0, sizeof(float) * (size_t)(n * out));
-            if (f < 3) run_steps(levels[f], &L, x, n, y, scratch);
+            if (f < 5) run_steps(levels[f], &L, x, n, y, scratch);
             else lp_lora_static_rows(&L, x, in, n, NULL, y, out, NULL, scratch);
             CHECK_MSG(memcmp(y, yr, sizeof(float) * (size_t)(n * out)) == 0,
                       "%s: trial %d (rank %d, in %d) differs from the reference", names[f], trial, rank, in);
@@ -326,7 +336,8 @@ static void test_kernel(void) {
         free(eb);
         free(qa);
         free(qb);
-        free(qbt);
+        free(quads);
+        free(sum_a);
         free(x);
         free(y0);
         free(y);

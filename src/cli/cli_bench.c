@@ -44,7 +44,7 @@ typedef struct bench_options {
     int threads[MAX_LIST], n_threads;
     int streams[MAX_LIST], n_streams;
     int counts[MAX_LIST], n_counts;
-    bool adapter_modes, json, kv_f32;
+    bool adapter_modes, adapter_cost, json, kv_f32;
     bool huge_pages; /* --huge-pages: a .lpx model read into 2 MiB pages (lp_model_params.huge_pages) */
     long bw_mib;
     char kernels[256]; /* the kernel levels in use (cli_kernels_line) */
@@ -982,6 +982,90 @@ out:
     return rc;
 }
 
+/* ---- mode 4: what each adapter adds to a decode step ------------------------------------ */
+
+/* One-row decode steps over a committed prompt, base only and each adapter
+ * (one per slot) taking turns step by step, the order rotated every round:
+ * the cost of a branch that is a few percent of a step stays visible on a
+ * machine whose speed drifts by more than that between separate runs. */
+static int bench_adapter_cost(const bench_options *o) {
+    lp_error err = {0};
+    bench_env e;
+    memset(&e, 0, sizeof e);
+    int rc = 1, rounds = o->n_gen * o->reps;
+    lp_context *ctx = NULL;
+    int32_t *prompt = malloc((size_t)o->prompt * sizeof *prompt);
+    lp_row *rows = malloc((size_t)o->prompt * sizeof *rows);
+    double *ms = NULL;
+    if (env_load(&e, o, &err)) {
+        rc = cli_fail("bench", &err);
+        goto out;
+    }
+    int nc = e.n_adapters + 1;
+    if (!prompt || !rows || !(ms = malloc((size_t)nc * (size_t)rounds * sizeof *ms))) {
+        fprintf(stderr, "loraplex bench: out of memory\n");
+        goto out;
+    }
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = o->threads[0];
+    cp.kv_f32 = o->kv_f32;
+    cp.max_sequences = 1;
+    cp.max_rows = o->prompt;
+    cp.max_logit_rows = 1;
+    cp.n_ctx = cp.max_seq_len = o->prompt + 16;
+    cp.max_adapters = e.n_adapters;
+    if (!(ctx = lp_context_create(e.model, &cp, &err)) || bind_first(ctx, &e, e.n_adapters, e.n_adapters, &err)) {
+        rc = cli_fail("context", &err);
+        goto out;
+    }
+    random_tokens(e.model, 7, prompt, o->prompt);
+    for (int i = 0; i < o->prompt; i++)
+        rows[i] = (lp_row){.token = prompt[i], .pos = i, .parent = -1, .commit = true, .logits = i == o->prompt - 1};
+    if (lp_forward(ctx, rows, o->prompt, &err)) {
+        rc = cli_fail("prefill", &err);
+        goto out;
+    }
+    for (int r = -1; r < rounds; r++) /* round -1 warms every path up */
+        for (int k = 0; k < nc; k++) {
+            int c = (k + (r < 0 ? 0 : r)) % nc;
+            lp_row row = {.token = prompt[(r + 1 + c) % o->prompt], .pos = o->prompt, .adapter = c, .parent = -1,
+                          .logits = true};
+            double t0 = lp_now_seconds();
+            if (lp_forward(ctx, &row, 1, &err)) {
+                rc = cli_fail("decode", &err);
+                goto out;
+            }
+            if (r >= 0) ms[(size_t)c * (size_t)rounds + (size_t)r] = (lp_now_seconds() - t0) * 1e3;
+        }
+    if (!o->json)
+        printf("kernels: %s\n%d threads, %d-token prompt, %d one-row steps each, taking turns: median (q1..q3)\n"
+               "%-40s | step ms                  | added ms\n",
+               o->kernels, o->threads[0], o->prompt, rounds, "adapter");
+    double base = 0;
+    for (int c = 0; c < nc; c++) {
+        double *v = ms + (size_t)c * (size_t)rounds;
+        qsort(v, (size_t)rounds, sizeof *v, tool_cmp_double);
+        double med = tool_quantile_sorted(v, rounds, 0.5), q1 = tool_quantile_sorted(v, rounds, 0.25),
+               q3 = tool_quantile_sorted(v, rounds, 0.75);
+        if (c == 0) base = med;
+        const char *name = c ? e.adapter_paths[c - 1] : "(base only)";
+        if (o->json)
+            printf("{\"mode\":\"adapter_cost\",\"adapter\":\"%s\",\"threads\":%d,\"step_ms\":%.4f,"
+                   "\"q1_ms\":%.4f,\"q3_ms\":%.4f,\"added_ms\":%.4f}\n",
+                   c ? name : "", o->threads[0], med, q1, q3, med - base);
+        else
+            printf("%-40.40s | %7.3f (%7.3f..%7.3f) | %+.3f\n", name, med, q1, q3, med - base);
+    }
+    rc = 0;
+out:
+    lp_context_free(ctx);
+    env_free(&e);
+    free(ms);
+    free(rows);
+    free(prompt);
+    return rc;
+}
+
 /* ---- the command --------------------------------------------------------------------------- */
 
 static void bench_usage(FILE *out) {
@@ -1000,6 +1084,10 @@ static void bench_usage(FILE *out) {
             "      --adapter-modes     K merged models vs one-hot vs runtime adapters\n"
             "      --counts LIST       K values for --adapter-modes (default 1,4,10,32, capped\n"
             "                          at the number of adapters)\n"
+            "      --adapter-cost      what each of --adapters adds to a one-row decode step:\n"
+            "                          steps with the base alone and with each adapter take\n"
+            "                          turns (n x reps each), so the machine's drift cancels\n"
+            "      --profile P         a QUAD shared profile (.lpq) for adapters fitted to it\n"
             "      --kv-f32            KV cache in f32 (default f16)\n"
             "      --huge-pages        read a .lpx model into 2 MiB pages (a copy) instead of\n"
             "                          using it in place from its memory map\n"
@@ -1028,6 +1116,7 @@ static int parse_bench(int argc, char **argv, bench_options *o) {
         else if (!strcmp(a, "--svg")) { VALUE(); o->svg = v; }
         else if (!strcmp(a, "--json")) o->json = true;
         else if (!strcmp(a, "--adapter-modes")) o->adapter_modes = true;
+        else if (!strcmp(a, "--adapter-cost")) o->adapter_cost = true;
         else if (!strcmp(a, "--kv-f32")) o->kv_f32 = true;
         else if (!strcmp(a, "--huge-pages")) o->huge_pages = true;
         else if (!strcmp(a, "-p") || !strcmp(a, "--prompt-tokens")) {
@@ -1064,8 +1153,12 @@ static int parse_bench(int argc, char **argv, bench_options *o) {
         fprintf(stderr, "loraplex bench: -m MODEL is required (see --help)\n");
         return -1;
     }
-    if (o->adapter_modes && o->n_streams) {
-        fprintf(stderr, "loraplex bench: --streams and --adapter-modes are separate runs\n");
+    if ((o->adapter_modes + o->adapter_cost + (o->n_streams > 0)) > 1) {
+        fprintf(stderr, "loraplex bench: --streams, --adapter-modes and --adapter-cost are separate runs\n");
+        return -1;
+    }
+    if (o->adapter_cost && !o->adapters) {
+        fprintf(stderr, "loraplex bench: --adapter-cost needs --adapters A1,A2,...\n");
         return -1;
     }
     if (o->adapter_modes && !o->adapters) {
@@ -1104,5 +1197,6 @@ int cli_bench(int argc, char **argv) {
         return bench_adapter_modes(&o);
     }
     if (o.n_streams) return bench_streams(&o);
+    if (o.adapter_cost) return bench_adapter_cost(&o);
     return bench_speed(&o);
 }

@@ -3,24 +3,26 @@
  * activation encodings for the shrink's input and output, so the branch is
  * two integer dot products with no per-row range search:
  *
- *   qx = code(x; ex) - ex.zero                          (in values)
- *   t_j = (ex.scale * ea_j.scale) * sum_k qx_k (qa_jk - ea_j.zero)      (int64 sum)
- *   qt_j = code(t_j; et) - et.zero
- *   y_o += (scale * et.scale * eb_o.scale) * sum_j qt_j (qb_oj - eb_o.zero)
+ *   cx_k = code(x_k; ex)                                 (0..255)
+ *   t_j = (ex.scale * ea_j.scale) * sum_k (cx_k - ex.zero) (qa_jk - ea_j.zero)   (exact integer sum)
+ *   ct_j = code(t_j; et)                                 (0..255)
+ *   y_o += (scale * et.scale * eb_o.scale) * sum_j (ct_j - et.zero) (qb_oj - eb_o.zero)
  *
  * ea_j / eb_o are the row's encodings (index 0 for per-tensor profiles).
- * The float steps are exactly these, in this order, so any implementation
- * computing them gives the same bits. */
+ * The float steps are exactly these, in this order, and the sums are exact
+ * integers, so any implementation computing them gives the same bits. */
 #ifndef LP_LORA_STATIC_H
 #define LP_LORA_STATIC_H
 
+#include <stddef.h>
 #include <stdint.h>
 
 #include "../formats/lpq.h"
 
 typedef struct lp_lora_static {
     const uint8_t *qa;       /* [rank][in] codes */
-    const uint8_t *qbt;      /* [rank][out] B's codes, transposed */
+    const uint8_t *qb;       /* B's codes in the branch's layout (lp_lora_static_b_at) */
+    const int64_t *sum_a;    /* [rank] sums of A's rows' codes */
     int rank, in, out;
     const lp_qenc *ea, *eb;  /* [na], [nb] */
     uint32_t na, nb;         /* 1 or rank / out */
@@ -29,11 +31,27 @@ typedef struct lp_lora_static {
     float scale;             /* the adapter's alpha / rank */
 } lp_lora_static;
 
-/* Ranks up to this sum the expand in float, exactly (lora_static.c). */
-#define LP_LORA_STATIC_FLOAT_RANK 256
+/* B's codes as the expand reads them: blocks of 16 outputs, each block
+ * [ceil(rank / 4)][16][4], the four rank positions of a quad side by side
+ * per output (one 32-bit lane of a vpdpbusd), so a block is one 64-byte
+ * vector per quad and all of B one forward stream; positions past the rank
+ * and outputs past the last hold 0. */
+#define LP_LORA_STATIC_B_BLOCK 16
+static inline size_t lp_lora_static_b_at(int rank, int j, int o) {
+    size_t nq = (size_t)(rank + 3) / 4;
+    return (((size_t)o / 16 * nq + (size_t)j / 4) * 16 + (size_t)o % 16) * 4 + (size_t)j % 4;
+}
+#define LP_LORA_STATIC_B_BYTES(rank, out) ((size_t)(((out) + 15) / 16) * 64 * (size_t)(((rank) + 3) / 4))
 
-/* int32 values of scratch a branch of these sizes needs. */
-#define LP_LORA_STATIC_SCRATCH(in, rank, out) ((rank) + 2 * (out) + ((in) + 1) / 2)
+/* Ranks up to this sum the expand in 32 bits (every term is within
+ * rank * 255^2, four of them under 2^31); wider ones in 64. */
+#define LP_LORA_STATIC_INT32_RANK 4096
+
+/* L->sum_a from the codes (done once, where an adapter's codes are made). */
+void lp_lora_static_sum_a(const uint8_t *qa, int rank, int in, int64_t *sum_a);
+
+/* int32 values of per-thread scratch a branch of these sizes needs. */
+#define LP_LORA_STATIC_SCRATCH(in, rank) (((in) + 3) / 4 + ((rank) + 3) / 4)
 
 /* For rows i < n: y[dst(i) * y_stride + o] += the branch of x[i * x_stride],
  * dst(i) = rows ? rows[i] : i. t_out (n x rank, or NULL) receives the
@@ -45,17 +63,18 @@ void lp_lora_static_rows(const lp_lora_static *L, const float *x, int64_t x_stri
 /* The branch's three steps for one row, so they can be split over threads;
  * every level's build gives lp_lora_static_rows' bits. */
 typedef struct lp_lora_static_ops {
-    /* qx[k] = code(x[k]) - x.zero, k < in */
-    void (*quantize)(const lp_lora_static *L, const float *x, int16_t *qx);
-    /* qt[j] = code(t_j) - t.zero for j0 <= j < j1 */
-    void (*shrink)(const lp_lora_static *L, const int16_t *qx, int j0, int j1, int32_t *qt);
-    /* y[o] += output o of the branch, o0 <= o < o1; scratch: 2 (o1 - o0) floats */
-    void (*expand)(const lp_lora_static *L, const int32_t *qt, int o0, int o1, float *y, float *scratch);
+    /* cx[k] = code(x[k]), k < in; returns the sum of the codes */
+    int64_t (*quantize)(const lp_lora_static *L, const float *x, uint8_t *cx);
+    /* ct[j] = code(t_j) for j0 <= j < j1; sum_cx: what quantize returned */
+    void (*shrink)(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1, uint8_t *ct);
+    /* y[o] += output o of the branch, o0 <= o < o1 */
+    void (*expand)(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y);
 } lp_lora_static_ops;
 
 extern const lp_lora_static_ops lp_lora_static_ref;
 #if defined(__x86_64__)
 extern const lp_lora_static_ops lp_lora_static_avx2, lp_lora_static_avx512;
+extern const lp_lora_static_ops lp_lora_static_avx512vnni, lp_lora_static_avxvnni;
 #endif
 
 #endif

@@ -150,6 +150,11 @@ void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap) 
         k->int_level = LP_INT_AVXVNNI;
     else if (avx2)
         k->int_level = LP_INT_AVX2;
+    /* the shared-profile branch is integer work: it follows the integer level */
+    if (k->int_level == LP_INT_AVX512VNNI || k->int_level == LP_INT_AMX)
+        k->lora_static = &lp_lora_static_avx512vnni;
+    else if (k->int_level == LP_INT_AVXVNNI)
+        k->lora_static = &lp_lora_static_avxvnni;
 #elif defined(LP_HAVE_NEON_DOT)
     if (cpu->dotprod) k->int_level = LP_INT_NEON_DOT;
 #endif

@@ -25,10 +25,11 @@ typedef struct lp_lora_pair {
                             zero past the rank) */
     /* Under a shared profile (lp_adapter.profile_id != 0) A and B are bare
      * codes, one uint8_t each (type LP_I8 marks them; the values are codes,
-     * not numbers), A row-major and B's data transposed, [rank][out] (the
-     * layout the static branch reads; rows / cols still name B's shape):
-     * their encodings are in the profile the context binds (lp_profile),
-     * found by `weight`. */
+     * not numbers), A row-major and B in the static branch's quads
+     * (kernels/lora_static.h; rows / cols still name B's shape): their
+     * encodings are in the profile the context binds (lp_profile), found
+     * by `weight`. */
+    const int64_t *sum_a;  /* profile codes: [rank] sums of A's rows' codes (lp_lora_static.sum_a) */
 } lp_lora_pair;
 
 struct lp_adapter {

@@ -25,7 +25,7 @@ int lp_profile_init(lp_profile *p, const lp_model *m, const char *what, lp_error
             return lp_fail(err, "%s: the base folds a norm gain into %s (compile it without folding "
                            "to use a shared profile)", what, e->tensor);
         p->by_weight[w] = e;
-        int need = LP_LORA_STATIC_SCRATCH((int)e->in, (int)e->rank, (int)e->out);
+        int need = LP_LORA_STATIC_SCRATCH((int)e->in, (int)e->rank);
         if (need > p->scratch_ints) p->scratch_ints = need;
     }
     return 0;

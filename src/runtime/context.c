@@ -174,7 +174,7 @@ static void plan_runtime(lp_context *ctx, lp_plan *p) {
     lp_plan_add(p, "group_start", &ctx->group_start, slots + 1, 1, i);
     lp_plan_add(p, "lora_x", &ctx->lora_x, rows, widest_in, sizeof(float));
     lp_plan_add(p, "lora_t", &ctx->lora_t, ctx->lora_t_cap, 1, sizeof(float));
-    lp_plan_add(p, "lora_qt", &ctx->lora_qt, ctx->lora_t_cap, 1, sizeof(int32_t));
+    lp_plan_add(p, "lora_qt", &ctx->lora_qt, ctx->lora_t_cap, 1, sizeof(uint8_t));
     lp_plan_add(p, "lora_y", &ctx->lora_y, ctx->lora_y_cap, 1, sizeof(float));
     lp_plan_add(p, "lora_batch", &ctx->lora_batch, 1, 1, lp_lora_batch_bytes());
 }

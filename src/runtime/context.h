@@ -137,7 +137,7 @@ struct lp_context {
     lp_slot *slots;       /* [max_adapters + 1]; slot 0 = base */
     const struct lp_profile *profile; /* bound shared quantization profile or NULL */
     int32_t *profile_scratch;         /* [threads][profile->scratch_ints] for its LoRA kernel */
-    int32_t *lora_qt;     /* [lora_t_cap] shrink codes of the static pieces of one flush */
+    uint8_t *lora_qt;     /* [lora_t_cap] shrink codes of the static pieces of one flush */
     int *group_rows;      /* [rows] row indices ordered by slot */
     int *group_start;     /* [max_adapters + 2] offsets into group_rows */
     bool any_adapter;     /* some row of this batch uses an adapter */

@@ -25,7 +25,7 @@ typedef struct lora_piece {
 
 /* One adapter group's share of a projection under the bound shared
  * profile: the static integer branch over its rows (x row i at x + i *
- * x_stride, added into dst row rows[i]), their shrink codes in qt. */
+ * x_stride, added into dst row rows[i]), their shrink codes in ct. */
 typedef struct static_piece {
     lp_lora_static L;
     const int *rows;
@@ -33,7 +33,7 @@ typedef struct static_piece {
     const float *x;
     float *dst;
     int64_t x_stride, dst_stride;
-    int32_t *qt;          /* [n][rank] */
+    uint8_t *ct;          /* [n][rank] */
 } static_piece;
 
 /* The LoRA work collected so far: shrink tasks (x A^T -> t), expand tasks
@@ -135,25 +135,36 @@ static int64_t locate(const static_job *j, int64_t u, int *piece, int *row, int 
 }
 
 /* One thread's share of a pass: for the shrink, its rows' input codes then
- * their rank rows' codes; for the expand, its rows' outputs. */
+ * their rank rows' codes; for the expand, its rows' outputs. The weights
+ * that share an input (q, k, v; gate, up) usually share its encoding too,
+ * so a thread quantizes such a row once for all of them. */
 static void static_pass(void *arg, int ti, int nt) {
     const static_job *j = arg;
     const lp_lora_static_ops *ops = j->ctx->kern.lora_static;
     int32_t *scratch = j->ctx->profile_scratch + (size_t)ti * (size_t)j->ctx->profile->scratch_ints;
     int64_t u, e;
     lp_split_range(j->units, ti, nt, j->expand ? 64 : 1, &u, &e);
+    uint8_t *cx = (uint8_t *)scratch;
+    const float *coded = NULL; /* the row cx holds the codes of, under coded_enc */
+    lp_qenc coded_enc = {0};
+    int64_t sum_cx = 0;
     while (u < e) {
         int p = 0, i = 0, at = 0;
         int64_t end = locate(j, u, &p, &i, &at);
         if (end < 0) return; /* not reached: units is the pieces' total */
         int len = (int)((end < e ? end : e) - u);
         const static_piece *s = &j->sp[p];
-        int32_t *qt = s->qt + (int64_t)i * s->L.rank;
+        uint8_t *ct = s->ct + (int64_t)i * s->L.rank;
         if (j->expand) {
-            ops->expand(&s->L, qt, at, at + len, s->dst + s->rows[i] * s->dst_stride, (float *)scratch);
+            ops->expand(&s->L, ct, at, at + len, s->dst + s->rows[i] * s->dst_stride);
         } else {
-            ops->quantize(&s->L, s->x + i * s->x_stride, (int16_t *)scratch);
-            ops->shrink(&s->L, (int16_t *)scratch, at, at + len, qt);
+            const float *x = s->x + i * s->x_stride;
+            if (x != coded || s->L.x.scale != coded_enc.scale || s->L.x.zero != coded_enc.zero) {
+                sum_cx = ops->quantize(&s->L, x, cx);
+                coded = x;
+                coded_enc = s->L.x;
+            }
+            ops->shrink(&s->L, cx, sum_cx, at, at + len, ct);
         }
         u += len;
     }
@@ -183,11 +194,11 @@ static void add_static(lp_context *ctx, lora_batch *b, const lp_lora_pair *pair,
     size_t need = (size_t)n * (size_t)pair->rank;
     if (b->n_static == LP_MATMUL_TASKS_MAX || b->qt_used + need > ctx->lora_t_cap) static_flush(ctx, b);
     b->sp[b->n_static++] = (static_piece){
-        .L = {.qa = pair->A.data, .qbt = pair->B.data, .rank = pair->rank, .in = (int)e->in, .out = (int)e->out,
+        .L = {.qa = pair->A.data, .qb = pair->B.data, .sum_a = pair->sum_a, .rank = pair->rank, .in = (int)e->in, .out = (int)e->out,
               .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
               .act_qmax = (1 << pf->q.act_bits) - 1, .scale = pair->scale},
         .rows = rows, .n = n, .x = xs, .x_stride = xs_stride, .dst = dst, .dst_stride = dst_stride,
-        .qt = ctx->lora_qt + b->qt_used,
+        .ct = ctx->lora_qt + b->qt_used,
     };
     b->qt_used += need;
 }

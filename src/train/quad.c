@@ -20,7 +20,8 @@ struct lp_train_quad {
     size_t xq_floats;
     const lp_lpq *profile;        /* static branch on when set */
     const lp_lpq_entry **enc;     /* [n_slots] */
-    uint8_t **qa, **qb;           /* [n_slots] codes of the current weights */
+    uint8_t **qa, **qb;           /* [n_slots] codes of the current weights (B: lp_lora_static_b_at) */
+    int64_t **sum_a;              /* [n_slots] their lp_lora_static.sum_a */
     int32_t *scratch;             /* [n_threads][widest in + rank] */
     int scratch_per_thread;
     bool observe, histogram;
@@ -40,16 +41,17 @@ lp_train_quad *lp_train_quad_create(const lp_train_model *m, lp_error *err) {
     int widest = c->dim > c->ffn_dim ? c->dim : c->ffn_dim;
     int qd = c->n_heads * c->head_dim;
     if (qd > widest) widest = qd;
-    q->scratch_per_thread = LP_LORA_STATIC_SCRATCH(widest, c->lora_rank > 0 ? c->lora_rank : 1, widest);
+    q->scratch_per_thread = LP_LORA_STATIC_SCRATCH(widest, c->lora_rank > 0 ? c->lora_rank : 1);
     size_t tokens = m->acts ? (size_t)m->acts->max_batch * (size_t)m->acts->max_seq : 0;
     q->xq_floats = tokens * (size_t)widest;
     q->xq = lp_alloc((q->xq_floats ? q->xq_floats : 1) * sizeof(float));
     q->enc = calloc((size_t)q->n_slots, sizeof *q->enc);
     q->qa = calloc((size_t)q->n_slots, sizeof *q->qa);
     q->qb = calloc((size_t)q->n_slots, sizeof *q->qb);
+    q->sum_a = calloc((size_t)q->n_slots, sizeof *q->sum_a);
     q->scratch = malloc((size_t)q->n_threads * (size_t)q->scratch_per_thread * sizeof(int32_t));
     float **r[4] = {&q->x_lo, &q->x_hi, &q->t_lo, &q->t_hi};
-    bool ok = q->xq && q->enc && q->qa && q->qb && q->scratch && m->acts;
+    bool ok = q->xq && q->enc && q->qa && q->qb && q->sum_a && q->scratch && m->acts;
     for (int i = 0; i < 4; i++) ok = (*r[i] = malloc((size_t)q->n_slots * sizeof(float))) && ok;
     if (!ok) {
         lp_train_quad_free(q);
@@ -65,9 +67,11 @@ void lp_train_quad_free(lp_train_quad *q) {
     for (int i = 0; q->qa && i < q->n_slots; i++) {
         free(q->qa[i]);
         free(q->qb[i]);
+        if (q->sum_a) free(q->sum_a[i]);
     }
     free(q->qa);
     free(q->qb);
+    free(q->sum_a);
     free(q->enc);
     free(q->scratch);
     lp_free(q->xq);
@@ -136,8 +140,9 @@ int lp_train_quad_set_profile(lp_train_quad *q, const lp_train_model *m, const l
                 return lp_fail(err, "%s: the profile's shape (rank %u, %u x %u) is not the adapter's", name, e->rank,
                                e->out, e->in);
             if (!q->qa[s]) q->qa[s] = malloc((size_t)e->rank * e->in);
-            if (!q->qb[s]) q->qb[s] = malloc((size_t)e->out * e->rank);
-            if (!q->qa[s] || !q->qb[s]) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+            if (!q->qb[s]) q->qb[s] = calloc(LP_LORA_STATIC_B_BYTES((int)e->rank, (int)e->out), 1);
+            if (!q->sum_a[s]) q->sum_a[s] = malloc((size_t)e->rank * sizeof(int64_t));
+            if (!q->qa[s] || !q->qb[s] || !q->sum_a[s]) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
             q->enc[s] = e;
             found++;
         }
@@ -147,15 +152,16 @@ int lp_train_quad_set_profile(lp_train_quad *q, const lp_train_model *m, const l
     return 0;
 }
 
-/* codes of m under per-row or per-tensor encodings (transposed: [cols][rows],
- * as the static branch reads B), and m replaced by the values they stand for */
+/* codes of m under per-row or per-tensor encodings (for B: in the static
+ * branch's quads, lp_lora_static_b_at), and m replaced by the values they
+ * stand for */
 static void encode_fake(float *m, size_t rows, size_t cols, const lp_qenc *enc, uint32_t n, int qmax,
-                        bool transposed, uint8_t *codes) {
+                        bool quads, uint8_t *codes) {
     for (size_t r = 0; r < rows; r++) {
         lp_qenc e = enc[n > 1 ? r : 0];
         for (size_t k = 0; k < cols; k++) {
             int c = lp_q_code(m[r * cols + k], e, qmax);
-            codes[transposed ? k * rows + r : r * cols + k] = (uint8_t)c;
+            codes[quads ? lp_lora_static_b_at((int)cols, (int)k, (int)r) : r * cols + k] = (uint8_t)c;
             m[r * cols + k] = lp_q_value(c, e);
         }
     }
@@ -174,6 +180,7 @@ int lp_train_quad_begin(lp_train_quad *q, lp_train_model *m, float *keep, lp_err
             if (!e) continue;
             encode_fake(m->w.layers[l].lora_a[p], e->rank, e->in, e->a, e->na, qmax, false, q->qa[s]);
             encode_fake(m->w.layers[l].lora_b[p], e->out, e->rank, e->b, e->nb, qmax, true, q->qb[s]);
+            lp_lora_static_sum_a(q->qa[s], (int)e->rank, (int)e->in, q->sum_a[s]);
         }
     return 0;
 }
@@ -228,7 +235,7 @@ bool lp_t_quad_branch(lp_train_model *m, int l, int p, float *y, const float *x,
     if (!e) return false;
     const lp_train_config *c = &m->cfg;
     lp_lora_static L = {
-        .qa = q->qa[s], .qbt = q->qb[s], .rank = (int)e->rank, .in = (int)e->in, .out = (int)e->out,
+        .qa = q->qa[s], .qb = q->qb[s], .sum_a = q->sum_a[s], .rank = (int)e->rank, .in = (int)e->in, .out = (int)e->out,
         .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
         .act_qmax = (1 << q->profile->act_bits) - 1, .scale = c->lora_alpha / (float)c->lora_rank,
     };

@@ -1,0 +1,280 @@
+/* The shared-profile LoRA branch (lora_static.h) on vpdpbusd, for AVX-512
+ * VNNI and AVX-VNNI. vpdpbusd multiplies unsigned bytes by signed ones, so
+ * weight codes go in as code - 128 (one xor) and the zero points and the
+ * 128 come back out in closed form:
+ *  - the shrink feeds the input codes (0..255) as they are:
+ *      sum_k (cx_k - zx)(qa_k - za) = D + (128 - za) sum(cx) - zx sum(qa) + in zx za,
+ *      D = sum_k cx_k (qa_k - 128),
+ *    with sum(qa) per rank row known in advance (L->sum_a);
+ *  - the expand needs no per-output sums (they would cost as many bytes as
+ *    B's codes): it splits ct_j - zt into its positive and negative parts,
+ *    p_j - n_j, both 0..255, so
+ *      sum_j (ct_j - zt)(qb_j - zb) = Dp - Dn + (128 - zb) sum_j (ct_j - zt),
+ *      Dp = sum_j p_j (qb_j - 128), Dn likewise,
+ *    two vpdpbusd per quad of rank positions, reading each output's codes
+ *    and encoding once.
+ * Every sum is the reference's integer, converted and scaled by the same
+ * float operations in the same order, so the results are the reference's
+ * bits. Ranks past LP_LORA_STATIC_INT32_RANK run the reference expand. */
+#include "lora_static.h"
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#include <string.h>
+
+#define V512 __attribute__((target("avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma")))
+#define V256 __attribute__((target("avx2,fma,avxvnni")))
+#define INLINE static inline __attribute__((always_inline))
+
+/* Inputs per shrink block: 2^15 products of at most 255 * 128 each stay
+ * below 2^31 in one int32 sum over all lanes (a multiple of 128). */
+#define SHRINK_CHUNK 32768
+
+/* How far ahead of A and B the kernels fetch. */
+#define LP_LORA_STATIC_PREFETCH 2048
+
+/* The shrink's closed form for row j, from D = sum cx (qa - 128). */
+static inline int64_t shrink_sum(const lp_lora_static *L, int j, int64_t d, int64_t sum_cx) {
+    int64_t za = L->ea[L->na > 1 ? j : 0].zero, zx = L->x.zero;
+    return d + (128 - za) * sum_cx - zx * L->sum_a[j] + (int64_t)L->in * zx * za;
+}
+
+static inline void shrink_finish(const lp_lora_static *L, int j, int64_t s, uint8_t *ct) {
+    float t = (L->x.scale * L->ea[L->na > 1 ? j : 0].scale) * (float)s;
+    ct[j] = (uint8_t)lp_q_code(t, L->t, L->act_qmax);
+}
+
+/* ct_j - zt as the quads of its positive and negative parts (zero past the
+ * rank); returns sum_j (ct_j - zt). */
+static int32_t split_quads(const uint8_t *ct, int rank, int zt, uint32_t *pos, uint32_t *neg) {
+    int32_t sum = 0;
+    for (int q = 0; q < (rank + 3) / 4; q++) {
+        uint8_t p[4] = {0, 0, 0, 0}, n[4] = {0, 0, 0, 0};
+        for (int i = 0; i < 4 && 4 * q + i < rank; i++) {
+            int d = ct[4 * q + i] - zt;
+            p[i] = (uint8_t)(d > 0 ? d : 0);
+            n[i] = (uint8_t)(d < 0 ? -d : 0);
+            sum += d;
+        }
+        memcpy(&pos[q], p, 4);
+        memcpy(&neg[q], n, 4);
+    }
+    return sum;
+}
+
+/* ---- AVX-512 VNNI -------------------------------------------------------------------- */
+
+V512 INLINE __m512i flip512(__m512i v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
+
+V512 static int64_t quantize_512(const lp_lora_static *L, const float *x, uint8_t *cx) {
+    const __m512 scale = _mm512_set1_ps(L->x.scale), zero = _mm512_set1_ps((float)L->x.zero),
+                 qmax = _mm512_set1_ps((float)L->act_qmax), nil = _mm512_setzero_ps();
+    __m512i sum = _mm512_setzero_si512();
+    for (int k = 0; k < L->in; k += 16) {
+        __mmask16 m = L->in - k >= 16 ? (__mmask16)0xffff : (__mmask16)((1u << (L->in - k)) - 1);
+        __m512 r = _mm512_roundscale_ps(_mm512_div_ps(_mm512_maskz_loadu_ps(m, x + k), scale),
+                                        _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        /* vmaxps returns its second operand where the first is NaN: NaN -> 0, as lp_q_code */
+        r = _mm512_min_ps(_mm512_max_ps(_mm512_add_ps(r, zero), nil), qmax);
+        __m512i c = _mm512_cvtps_epi32(r);
+        _mm512_mask_cvtepi32_storeu_epi8(cx + k, m, c);
+        sum = _mm512_mask_add_epi32(sum, m, sum, c);
+    }
+    return _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_castsi512_si256(sum))) +
+           _mm512_reduce_add_epi64(_mm512_cvtepi32_epi64(_mm512_extracti64x4_epi64(sum, 1)));
+}
+
+/* One rank row after another: A is one forward stream (its rows are
+ * contiguous), fetched LP_LORA_STATIC_PREFETCH bytes ahead, since the
+ * hardware prefetchers barely ramp up on streams this short; the input
+ * codes stay in L1. */
+V512 static void shrink_512(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
+                            uint8_t *ct) {
+    for (int j = j0; j < j1; j++) {
+        const uint8_t *a = L->qa + (size_t)j * (size_t)L->in;
+        int64_t d = 0;
+        for (int k0 = 0; k0 < L->in; k0 += SHRINK_CHUNK) {
+            int k1 = L->in - k0 < SHRINK_CHUNK ? L->in : k0 + SHRINK_CHUNK;
+            __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+            int k = k0;
+            for (; k + 128 <= k1; k += 128) {
+                _mm_prefetch((const char *)(a + k + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+                _mm_prefetch((const char *)(a + k + 64 + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+                acc0 = _mm512_dpbusd_epi32(acc0, _mm512_loadu_si512(cx + k), flip512(_mm512_loadu_si512(a + k)));
+                acc1 = _mm512_dpbusd_epi32(acc1, _mm512_loadu_si512(cx + k + 64),
+                                           flip512(_mm512_loadu_si512(a + k + 64)));
+            }
+            for (; k < k1; k += 64) {
+                __mmask64 m = k1 - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (k1 - k)) - 1;
+                acc0 = _mm512_dpbusd_epi32(acc0, _mm512_maskz_loadu_epi8(m, cx + k),
+                                           flip512(_mm512_maskz_loadu_epi8(m, a + k)));
+            }
+            d += _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1));
+        }
+        shrink_finish(L, j, shrink_sum(L, j, d, sum_cx), ct);
+    }
+}
+
+/* 16 encodings from e[0..n) (n <= 16): their scales and zero points. */
+V512 INLINE void encodings16(const lp_qenc *e, int n, __m512 *scale, __m512i *zero) {
+    int n0 = n < 8 ? n : 8, n1 = n - n0;
+    __m512 lo = _mm512_maskz_loadu_ps((__mmask16)((1u << (2 * n0)) - 1), e);
+    __m512 hi = _mm512_maskz_loadu_ps((__mmask16)((1u << (2 * n1)) - 1), e + 8);
+    const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+    const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+    *scale = _mm512_permutex2var_ps(lo, even, hi);
+    *zero = _mm512_castps_si512(_mm512_permutex2var_ps(lo, odd, hi));
+}
+
+V512 static void expand_512(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y) {
+    if (L->rank > LP_LORA_STATIC_INT32_RANK) {
+        lp_lora_static_ref.expand(L, ct, o0, o1, y);
+        return;
+    }
+    uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
+    int nq = (L->rank + 3) / 4;
+    const __m512i q_sum = _mm512_set1_epi32(split_quads(ct, L->rank, L->t.zero, pos, neg)),
+                  v128 = _mm512_set1_epi32(128);
+    const float st = L->scale * L->t.scale;
+    __m512 scale = _mm512_set1_ps(L->eb[0].scale);
+    __m512i zb = _mm512_set1_epi32(L->eb[0].zero);
+    for (int o = o0; o < o1;) {
+        int blk = o / 16, lo = o - 16 * blk, hi = o1 - 16 * blk < 16 ? o1 - 16 * blk : 16;
+        __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
+        const uint8_t *b = L->qb + (size_t)blk * (size_t)nq * 64;
+        __m512i dp = _mm512_setzero_si512(), dn = _mm512_setzero_si512();
+        for (int q = 0; q < nq; q++) {
+            _mm_prefetch((const char *)(b + 64 * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+            __m512i w = flip512(_mm512_loadu_si512(b + 64 * q));
+            dp = _mm512_dpbusd_epi32(dp, _mm512_set1_epi32((int)pos[q]), w);
+            dn = _mm512_dpbusd_epi32(dn, _mm512_set1_epi32((int)neg[q]), w);
+        }
+        if (L->nb > 1) {
+            /* the encodings are a second stream, as long as B's for rank 8 */
+            const char *e = (const char *)(L->eb + 16 * blk);
+            _mm_prefetch(e + LP_LORA_STATIC_PREFETCH, _MM_HINT_T0);
+            _mm_prefetch(e + 64 + LP_LORA_STATIC_PREFETCH, _MM_HINT_T0);
+            encodings16(L->eb + 16 * blk, hi, &scale, &zb);
+        }
+        __m512i s = _mm512_add_epi32(_mm512_sub_epi32(dp, dn), _mm512_mullo_epi32(_mm512_sub_epi32(v128, zb), q_sum));
+        __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(st), scale), _mm512_cvtepi32_ps(s));
+        float *yb = y + 16 * blk;
+        _mm512_mask_storeu_ps(yb, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yb), f));
+        o = 16 * blk + hi;
+    }
+}
+
+const lp_lora_static_ops lp_lora_static_avx512vnni = {quantize_512, shrink_512, expand_512};
+
+/* ---- AVX-VNNI (256-bit) ---------------------------------------------------------------- */
+
+V256 INLINE __m256i flip256(__m256i v) { return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)); }
+
+V256 static int64_t quantize_256(const lp_lora_static *L, const float *x, uint8_t *cx) {
+    const __m256 scale = _mm256_set1_ps(L->x.scale), zero = _mm256_set1_ps((float)L->x.zero),
+                 qmax = _mm256_set1_ps((float)L->act_qmax), nil = _mm256_setzero_ps();
+    const __m256i pick = _mm256_setr_epi8(0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1,
+                                          0, 4, 8, 12, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1, -1);
+    __m256i sum = _mm256_setzero_si256();
+    int k = 0;
+    for (; k + 8 <= L->in; k += 8) {
+        __m256 r = _mm256_round_ps(_mm256_div_ps(_mm256_loadu_ps(x + k), scale),
+                                   _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        r = _mm256_min_ps(_mm256_max_ps(_mm256_add_ps(r, zero), nil), qmax); /* NaN -> 0 */
+        __m256i c = _mm256_cvtps_epi32(r);
+        sum = _mm256_add_epi32(sum, c);
+        __m256i b = _mm256_shuffle_epi8(c, pick);
+        uint32_t lo = (uint32_t)_mm256_extract_epi32(b, 0), hi = (uint32_t)_mm256_extract_epi32(b, 4);
+        memcpy(cx + k, &lo, 4);
+        memcpy(cx + k + 4, &hi, 4);
+    }
+    int32_t lanes[8];
+    _mm256_storeu_si256((__m256i *)lanes, sum);
+    int64_t total = 0;
+    for (int i = 0; i < 8; i++) total += lanes[i];
+    for (; k < L->in; k++) {
+        int c = lp_q_code(x[k], L->x, L->act_qmax);
+        cx[k] = (uint8_t)c;
+        total += c;
+    }
+    return total;
+}
+
+V256 static void shrink_256(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
+                            uint8_t *ct) {
+    int full = L->in & ~63;
+    for (int j = j0; j < j1; j++) {
+        const uint8_t *a = L->qa + (size_t)j * (size_t)L->in;
+        int64_t d = 0;
+        for (int k0 = 0; k0 < full; k0 += SHRINK_CHUNK) {
+            int k1 = full - k0 < SHRINK_CHUNK ? full : k0 + SHRINK_CHUNK;
+            __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
+            for (int k = k0; k < k1; k += 64) {
+                _mm_prefetch((const char *)(a + k + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+                acc0 = _mm256_dpbusd_avx_epi32(acc0, _mm256_loadu_si256((const __m256i *)(cx + k)),
+                                               flip256(_mm256_loadu_si256((const __m256i *)(a + k))));
+                acc1 = _mm256_dpbusd_avx_epi32(acc1, _mm256_loadu_si256((const __m256i *)(cx + k + 32)),
+                                               flip256(_mm256_loadu_si256((const __m256i *)(a + k + 32))));
+            }
+            int32_t lanes[8];
+            _mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi32(acc0, acc1));
+            for (int i = 0; i < 8; i++) d += lanes[i];
+        }
+        for (int k = full; k < L->in; k++) d += cx[k] * (a[k] - 128);
+        shrink_finish(L, j, shrink_sum(L, j, d, sum_cx), ct);
+    }
+}
+
+/* 8 encodings from e: their scales and zero points. */
+V256 INLINE void encodings8(const lp_qenc *e, __m256 *scale, __m256i *zero) {
+    __m256 lo = _mm256_loadu_ps((const float *)e), hi = _mm256_loadu_ps((const float *)(e + 4));
+    /* per 128-bit lane: entries (0, 1, 4, 5) and (2, 3, 6, 7); then put them in order */
+    __m256 s = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(2, 0, 2, 0)), z = _mm256_shuffle_ps(lo, hi, _MM_SHUFFLE(3, 1, 3, 1));
+    *scale = _mm256_castpd_ps(_mm256_permute4x64_pd(_mm256_castps_pd(s), _MM_SHUFFLE(3, 1, 2, 0)));
+    *zero = _mm256_castpd_si256(_mm256_permute4x64_pd(_mm256_castps_pd(z), _MM_SHUFFLE(3, 1, 2, 0)));
+}
+
+/* Half blocks (8 outputs) that [o0, o1) covers whole; partial ones run
+ * the reference. */
+V256 static void expand_256(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y) {
+    if (L->rank > LP_LORA_STATIC_INT32_RANK) {
+        lp_lora_static_ref.expand(L, ct, o0, o1, y);
+        return;
+    }
+    int h0 = (o0 + 7) / 8, h1 = o1 / 8;
+    if (h1 <= h0) {
+        lp_lora_static_ref.expand(L, ct, o0, o1, y);
+        return;
+    }
+    if (o0 < 8 * h0) lp_lora_static_ref.expand(L, ct, o0, 8 * h0, y);
+    uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
+    int nq = (L->rank + 3) / 4;
+    const __m256i q_sum = _mm256_set1_epi32(split_quads(ct, L->rank, L->t.zero, pos, neg)),
+                  v128 = _mm256_set1_epi32(128);
+    const float st = L->scale * L->t.scale;
+    __m256 scale = _mm256_set1_ps(L->eb[0].scale);
+    __m256i zb = _mm256_set1_epi32(L->eb[0].zero);
+    for (int h = h0; h < h1; h++) {
+        int o = 8 * h;
+        const uint8_t *b = L->qb + (size_t)(h / 2) * (size_t)nq * 64 + 32 * (size_t)(h % 2);
+        __m256i dp = _mm256_setzero_si256(), dn = _mm256_setzero_si256();
+        for (int q = 0; q < nq; q++) {
+            _mm_prefetch((const char *)(b + 64 * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+            __m256i w = flip256(_mm256_loadu_si256((const __m256i *)(b + 64 * q)));
+            dp = _mm256_dpbusd_avx_epi32(dp, _mm256_set1_epi32((int)pos[q]), w);
+            dn = _mm256_dpbusd_avx_epi32(dn, _mm256_set1_epi32((int)neg[q]), w);
+        }
+        if (L->nb > 1) {
+            _mm_prefetch((const char *)(L->eb + o) + LP_LORA_STATIC_PREFETCH, _MM_HINT_T0);
+            encodings8(L->eb + o, &scale, &zb);
+        }
+        __m256i s = _mm256_add_epi32(_mm256_sub_epi32(dp, dn), _mm256_mullo_epi32(_mm256_sub_epi32(v128, zb), q_sum));
+        __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(st), scale), _mm256_cvtepi32_ps(s));
+        _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), f));
+    }
+    if (8 * h1 < o1) lp_lora_static_ref.expand(L, ct, 8 * h1, o1, y);
+}
+
+const lp_lora_static_ops lp_lora_static_avxvnni = {quantize_256, shrink_256, expand_256};
+
+#endif
