@@ -206,11 +206,22 @@ static void test_lpa_v3(void) {
           lpa.entries[0].dtype == LP_LPA_Q4);
     lp_lpa_release(&lpa);
     lp_adapter *ad = lp_adapter_load_lpa_memory(NULL, m, n, "v3.lpa", 1.0f, &err);
-    CHECK(ad && ad->profile_id == 77 && ad->pairs[0].A.type == LP_I8);
-    /* Q4 codes unpack low nibble first */
-    CHECK(ad && ((const uint8_t *)ad->pairs[0].A.data)[0] == (a[0] & 15) &&
-          ((const uint8_t *)ad->pairs[0].A.data)[1] == (a[0] >> 4) &&
-          ((const uint8_t *)ad->pairs[0].A.data)[172] == (a[86] & 15));
+    CHECK(ad && ad->profile_id == 77 && ad->pairs[0].A.type == LP_I8 && ad->pairs[0].codes_packed);
+    /* the file's Q4 codes (low nibble first) are the branch's codes (j, k), B's too */
+    bool same = ad != NULL;
+    for (int j = 0; same && j < 4; j++)
+        for (int k = 0; k < 172; k++) {
+            uint8_t byte = a[j * 86 + k / 2];
+            same &= lp_lora_static_code(ad->pairs[0].A.data, lp_lora_static_a_at(172, true, j, k), true) ==
+                    (k % 2 ? byte >> 4 : byte & 15);
+        }
+    for (int o = 0; same && o < 64; o++)
+        for (int j = 0; j < 4; j++) {
+            uint8_t byte = bb[o * 2 + j / 2];
+            same &= lp_lora_static_code(ad->pairs[0].B.data, lp_lora_static_b_at(4, j, o), true) ==
+                    (j % 2 ? byte >> 4 : byte & 15);
+        }
+    CHECK(same);
     lp_adapter_free(ad);
     /* the id zeroed (checksum repaired): a version 3 file without its profile */
     uint64_t start = lp_le_get_u64(m + 80);
@@ -234,7 +245,7 @@ static void test_lpa_v3(void) {
 
 /* The branch written out as lora_static.h states it, one element at a time
  * (qb: B's codes [out][rank], as the file stores them). */
-static void reference(const lp_lora_static *L, const uint8_t *qb, const float *x, int n, float *y) {
+static void reference(const lp_lora_static *L, const uint8_t *qa, const uint8_t *qb, const float *x, int n, float *y) {
     for (int i = 0; i < n; i++) {
         int qt[LP_LORA_STATIC_INT32_RANK + 8];
         for (int j = 0; j < L->rank; j++) {
@@ -242,7 +253,7 @@ static void reference(const lp_lora_static *L, const uint8_t *qb, const float *x
             int64_t acc = 0;
             for (int k = 0; k < L->in; k++) {
                 int qx = lp_q_code(x[i * L->in + k], L->x, 255) - L->x.zero;
-                acc += (int64_t)qx * ((int64_t)L->qa[j * L->in + k] - ea.zero);
+                acc += (int64_t)qx * ((int64_t)qa[j * L->in + k] - ea.zero);
             }
             float t = (L->x.scale * ea.scale) * (float)acc;
             qt[j] = lp_q_code(t, L->t, 255) - L->t.zero;
@@ -273,8 +284,9 @@ static void run_steps(const lp_lora_static_ops *ops, const lp_lora_static *L, co
 /* Every level's build against the reference, bit for bit: ranks that are
  * and are not multiples of 4 and one past the 32-bit expand's limit,
  * per-tensor and per-channel encodings, 8- and 4-bit codes, one and several
- * rows, output and input counts off the vector widths, and an input wider
- * than one 32-bit chunk of the shrink with its codes at the ends. */
+ * rows, output and input counts off the vector widths, 4-bit codes packed
+ * two a byte and not, and an input wider than one 32-bit chunk of the
+ * shrink with its codes at the ends. */
 static void test_kernel(void) {
     const lp_lora_static_ops *levels[5] = {&lp_lora_static_ref};
     const char *names[6] = {"reference", "avx2", "avx512", "avx512 vnni", "avx-vnni", "lp_lora_static_rows"};
@@ -299,19 +311,31 @@ static void test_kernel(void) {
         int bits = trial % 2 ? 4 : 8, qmax = (1 << bits) - 1;
         bool chan = trial >= 2;
         uint8_t *qa = malloc((size_t)rank * in), *qb = malloc((size_t)out * rank);
-        uint8_t *quads = calloc(LP_LORA_STATIC_B_BYTES(rank, out), 1);
+        bool packed = bits == 4 && trial != 1; /* trial 1: 4-bit codes a byte each, as the trainer keeps them */
+        size_t a_codes = LP_LORA_STATIC_A_CODES(rank, in, packed), b_codes = LP_LORA_STATIC_B_CODES(rank, out);
+        uint8_t *la = calloc(lp_lora_static_code_bytes(a_codes, packed), 1);
+        uint8_t *quads = calloc(lp_lora_static_code_bytes(b_codes, packed), 1);
         int64_t *sum_a = malloc(sizeof(int64_t) * (size_t)rank);
         for (int i = 0; i < rank * in; i++) qa[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
         for (int i = 0; i < out * rank; i++) qb[i] = (uint8_t)(rng_state(&s) % (uint64_t)(qmax + 1));
         if (trial == 7) /* codes at the ends, so the sums run near their bounds */
             for (int i = 0; i < rank * in; i++) qa[i] = i % 2 ? (uint8_t)qmax : 0;
+        for (int j = 0; j < rank; j++)
+            for (int k = 0; k < in; k++)
+                lp_lora_static_set_code(la, lp_lora_static_a_at(in, packed, j, k), packed, qa[j * in + k]);
         for (int o = 0; o < out; o++)
-            for (int j = 0; j < rank; j++) quads[lp_lora_static_b_at(rank, j, o)] = qb[o * rank + j];
-        lp_lora_static_sum_a(qa, rank, in, sum_a);
+            for (int j = 0; j < rank; j++)
+                lp_lora_static_set_code(quads, lp_lora_static_b_at(rank, j, o), packed, qb[o * rank + j]);
+        bool back = true; /* the accessor reads back what was set */
+        for (int j = 0; j < rank; j++)
+            for (int k = 0; k < in; k += 7)
+                back &= lp_lora_static_code(la, lp_lora_static_a_at(in, packed, j, k), packed) == qa[j * in + k];
+        CHECK(back);
+        lp_lora_static_sum_a(la, packed, rank, in, sum_a);
         lp_qenc *ea = malloc(sizeof *ea * (size_t)rank), *eb = malloc(sizeof *eb * (size_t)out);
         for (int c = 0; c < rank; c++) ea[c] = (lp_qenc){.scale = 0.01f + 0.001f * (c % 32), .zero = c % (qmax + 1)};
         for (int c = 0; c < out; c++) eb[c] = (lp_qenc){.scale = 0.02f + 0.0005f * c, .zero = (3 * c) % (qmax + 1)};
-        lp_lora_static L = {.qa = qa, .qb = quads, .sum_a = sum_a, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
+        lp_lora_static L = {.qa = la, .qb = quads, .packed = packed, .sum_a = sum_a, .rank = rank, .in = in, .out = out, .ea = ea, .eb = eb,
                             .na = chan ? (uint32_t)rank : 1, .nb = chan ? (uint32_t)out : 1,
                             .x = lp_qenc_from_range(-2.0f, 2.5f, 255), .t = lp_qenc_from_range(-3.0f, 3.0f, 255),
                             .act_qmax = 255, .scale = 0.75f};
@@ -321,7 +345,7 @@ static void test_kernel(void) {
         if (trial == 7) /* codes at the ends, so the shrink's chunk sums run near their bound */
             for (int i = 0; i < n * in; i++) x[i] = i % 3 ? 2.5f : -2.0f;
         for (int i = 0; i < n * out; i++) y0[i] = yr[i] = frand(&s);
-        reference(&L, qb, x, n, yr);
+        reference(&L, qa, qb, x, n, yr);
         int32_t *scratch = malloc(sizeof(int32_t) * (size_t)LP_LORA_STATIC_SCRATCH(in, rank));
         for (int f = 0; f < 6; f++) {
             if (f < 5 && !levels[f]) continue;
@@ -329,7 +353,8 @@ static void test_kernel(void) {
             if (f < 5) run_steps(levels[f], &L, x, n, y, scratch);
             else lp_lora_static_rows(&L, x, in, n, NULL, y, out, NULL, scratch);
             CHECK_MSG(memcmp(y, yr, sizeof(float) * (size_t)(n * out)) == 0,
-                      "%s: trial %d (rank %d, in %d) differs from the reference", names[f], trial, rank, in);
+                      "%s: trial %d (rank %d, in %d, %d-bit%s) differs from the reference", names[f], trial, rank,
+                      in, bits, packed ? " packed" : "");
         }
         free(scratch);
         free(ea);
@@ -337,6 +362,7 @@ static void test_kernel(void) {
         free(qa);
         free(qb);
         free(quads);
+        free(la);
         free(sum_a);
         free(x);
         free(y0);

@@ -16,10 +16,10 @@
 
 #define INLINE static inline __attribute__((always_inline))
 
-void lp_lora_static_sum_a(const uint8_t *qa, int rank, int in, int64_t *sum_a) {
+void lp_lora_static_sum_a(const uint8_t *qa, bool packed, int rank, int in, int64_t *sum_a) {
     for (int j = 0; j < rank; j++) {
         int64_t s = 0;
-        for (int k = 0; k < in; k++) s += qa[(size_t)j * (size_t)in + (size_t)k];
+        for (int k = 0; k < in; k++) s += lp_lora_static_code(qa, lp_lora_static_a_at(in, packed, j, k), packed);
         sum_a[j] = s;
     }
 }
@@ -48,10 +48,28 @@ INLINE int64_t dot_codes(const uint8_t *restrict cx, int16_t zx, const uint8_t *
     return total;
 }
 
+/* A packed row's dot, one run of 64 codes unpacked at a time. */
+INLINE int64_t dot_packed(const uint8_t *restrict cx, int16_t zx, const uint8_t *restrict packed, int16_t za,
+                          int n) {
+    int64_t total = 0;
+    for (int k0 = 0; k0 < n; k0 += 64) {
+        uint8_t u[64];
+        const uint8_t *p = packed + k0 / 2;
+        for (int i = 0; i < 32; i++) {
+            u[i] = p[i] & 15;
+            u[i + 32] = p[i] >> 4;
+        }
+        total += dot_codes(cx + k0, zx, u, za, n - k0 < 64 ? n - k0 : 64);
+    }
+    return total;
+}
+
 INLINE void shrink_impl(const lp_lora_static *L, const uint8_t *cx, int j0, int j1, uint8_t *ct) {
     for (int j = j0; j < j1; j++) {
         lp_qenc ea = L->ea[L->na > 1 ? j : 0];
-        int64_t s = dot_codes(cx, (int16_t)L->x.zero, L->qa + (size_t)j * (size_t)L->in, (int16_t)ea.zero, L->in);
+        const uint8_t *a = L->qa + lp_lora_static_code_bytes(lp_lora_static_a_at(L->in, L->packed, j, 0), L->packed);
+        int64_t s = L->packed ? dot_packed(cx, (int16_t)L->x.zero, a, (int16_t)ea.zero, L->in)
+                              : dot_codes(cx, (int16_t)L->x.zero, a, (int16_t)ea.zero, L->in);
         float t = (L->x.scale * ea.scale) * (float)s;
         ct[j] = (uint8_t)lp_q_code(t, L->t, L->act_qmax);
     }
@@ -65,7 +83,8 @@ INLINE void expand_impl(const lp_lora_static *L, const uint8_t *ct, int o0, int 
             lp_qenc eb = L->eb[L->nb > 1 ? o : 0];
             int64_t s = 0;
             for (int j = 0; j < L->rank; j++)
-                s += (int64_t)(ct[j] - zt) * (L->qb[lp_lora_static_b_at(L->rank, j, o)] - eb.zero);
+                s += (int64_t)(ct[j] - zt) *
+                     (lp_lora_static_code(L->qb, lp_lora_static_b_at(L->rank, j, o), L->packed) - eb.zero);
             y[o] += (st * eb.scale) * (float)s;
         }
         return;
@@ -74,12 +93,15 @@ INLINE void expand_impl(const lp_lora_static *L, const uint8_t *ct, int o0, int 
     for (int j = 0; j < L->rank; j++) qsum += ct[j] - zt;
     for (int o = o0; o < o1;) {
         int blk = o / 16, lo = o - 16 * blk, hi = o1 - 16 * blk < 16 ? o1 - 16 * blk : 16;
-        const uint8_t *restrict b = L->qb + (size_t)blk * (size_t)nq * 64;
+        size_t b = (size_t)blk * (size_t)nq * 64;
         int32_t acc[16] = {0};
         for (int j = 0; j < L->rank; j++) {
-            const uint8_t *restrict quad = b + (j / 4) * 64 + j % 4;
+            size_t at = b + (size_t)(j / 4) * 64 + (size_t)(j % 4);
             int32_t q = ct[j] - zt;
-            for (int l = 0; l < 16; l++) acc[l] += q * quad[4 * l];
+            if (L->packed)
+                for (int l = 0; l < 16; l++) acc[l] += q * lp_lora_static_code(L->qb, at + 4 * (size_t)l, true);
+            else
+                for (int l = 0; l < 16; l++) acc[l] += q * L->qb[at + 4 * (size_t)l];
         }
         for (int l = lo; l < hi; l++) {
             lp_qenc eb = L->eb[L->nb > 1 ? 16 * blk + l : 0];

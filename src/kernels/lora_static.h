@@ -14,14 +14,16 @@
 #ifndef LP_LORA_STATIC_H
 #define LP_LORA_STATIC_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 
 #include "../formats/lpq.h"
 
 typedef struct lp_lora_static {
-    const uint8_t *qa;       /* [rank][in] codes */
+    const uint8_t *qa;       /* A's codes, [rank][in] (lp_lora_static_a_at) */
     const uint8_t *qb;       /* B's codes in the branch's layout (lp_lora_static_b_at) */
+    bool packed;             /* 4-bit codes, two to a byte (lp_lora_static_code) */
     const int64_t *sum_a;    /* [rank] sums of A's rows' codes */
     int rank, in, out;
     const lp_qenc *ea, *eb;  /* [na], [nb] */
@@ -41,14 +43,40 @@ static inline size_t lp_lora_static_b_at(int rank, int j, int o) {
     size_t nq = (size_t)(rank + 3) / 4;
     return (((size_t)o / 16 * nq + (size_t)j / 4) * 16 + (size_t)o % 16) * 4 + (size_t)j % 4;
 }
-#define LP_LORA_STATIC_B_BYTES(rank, out) ((size_t)(((out) + 15) / 16) * 64 * (size_t)(((rank) + 3) / 4))
+#define LP_LORA_STATIC_B_CODES(rank, out) ((size_t)(((out) + 15) / 16) * 64 * (size_t)(((rank) + 3) / 4))
+
+/* Position of A's code (j, k): row after row; packed rows are padded to a
+ * multiple of 64 codes (with code 0). */
+static inline size_t lp_lora_static_a_at(int in, bool packed, int j, int k) {
+    return (size_t)j * (packed ? (size_t)(in + 63) / 64 * 64 : (size_t)in) + (size_t)k;
+}
+#define LP_LORA_STATIC_A_CODES(rank, in, packed) lp_lora_static_a_at(in, packed, rank, 0)
+
+/* Code arrays hold one code a byte or, packed (4-bit codes), each run of 64
+ * positions in 32 bytes: positions 0..31 in the low nibbles of bytes 0..31,
+ * 32..63 in the high ones, so one shift and mask make a vector of 64. */
+static inline int lp_lora_static_code(const uint8_t *codes, size_t at, bool packed) {
+    if (!packed) return codes[at];
+    uint8_t b = codes[at / 64 * 32 + at % 32];
+    return at % 64 < 32 ? b & 15 : b >> 4;
+}
+static inline void lp_lora_static_set_code(uint8_t *codes, size_t at, bool packed, int code) {
+    if (!packed) {
+        codes[at] = (uint8_t)code;
+        return;
+    }
+    uint8_t *b = &codes[at / 64 * 32 + at % 32];
+    *b = at % 64 < 32 ? (uint8_t)((*b & 0xf0) | code) : (uint8_t)((*b & 0x0f) | code << 4);
+}
+/* Bytes of n code positions (a multiple of 64 when packed). */
+static inline size_t lp_lora_static_code_bytes(size_t n, bool packed) { return packed ? n / 2 : n; }
 
 /* Ranks up to this sum the expand in 32 bits (every term is within
  * rank * 255^2, four of them under 2^31); wider ones in 64. */
 #define LP_LORA_STATIC_INT32_RANK 4096
 
 /* L->sum_a from the codes (done once, where an adapter's codes are made). */
-void lp_lora_static_sum_a(const uint8_t *qa, int rank, int in, int64_t *sum_a);
+void lp_lora_static_sum_a(const uint8_t *qa, bool packed, int rank, int in, int64_t *sum_a);
 
 /* int32 values of per-thread scratch a branch of these sizes needs. */
 #define LP_LORA_STATIC_SCRATCH(in, rank) (((in) + 3) / 4 + ((rank) + 3) / 4)

@@ -1,16 +1,18 @@
 /* The shared-profile LoRA branch (lora_static.h) on vpdpbusd, for AVX-512
  * VNNI and AVX-VNNI. vpdpbusd multiplies unsigned bytes by signed ones, so
- * weight codes go in as code - 128 (one xor) and the zero points and the
- * 128 come back out in closed form:
- *  - the shrink feeds the input codes (0..255) as they are:
- *      sum_k (cx_k - zx)(qa_k - za) = D + (128 - za) sum(cx) - zx sum(qa) + in zx za,
- *      D = sum_k cx_k (qa_k - 128),
+ * 8-bit weight codes go in as code - 128 (one xor; 4-bit codes, unpacked
+ * with one shift and mask, as they are) and the zero points and the 128
+ * come back out in closed form:
+ *  - the shrink feeds the input codes (0..255) as they are; with bias 128
+ *    for 8-bit weight codes and 0 for 4-bit ones,
+ *      sum_k (cx_k - zx)(qa_k - za) = D + (bias - za) sum(cx) - zx sum(qa) + in zx za,
+ *      D = sum_k cx_k (qa_k - bias),
  *    with sum(qa) per rank row known in advance (L->sum_a);
  *  - the expand needs no per-output sums (they would cost as many bytes as
  *    B's codes): it splits ct_j - zt into its positive and negative parts,
  *    p_j - n_j, both 0..255, so
- *      sum_j (ct_j - zt)(qb_j - zb) = Dp - Dn + (128 - zb) sum_j (ct_j - zt),
- *      Dp = sum_j p_j (qb_j - 128), Dn likewise,
+ *      sum_j (ct_j - zt)(qb_j - zb) = Dp - Dn + (bias - zb) sum_j (ct_j - zt),
+ *      Dp = sum_j p_j (qb_j - bias), Dn likewise,
  *    two vpdpbusd per quad of rank positions, reading each output's codes
  *    and encoding once.
  * Every sum is the reference's integer, converted and scaled by the same
@@ -33,10 +35,19 @@
 /* How far ahead of A and B the kernels fetch. */
 #define LP_LORA_STATIC_PREFETCH 2048
 
-/* The shrink's closed form for row j, from D = sum cx (qa - 128). */
+/* What the kernels subtract from a weight code to make it a signed byte:
+ * 128 from 8-bit codes, nothing from 4-bit ones. */
+#define BIAS(packed) ((packed) ? 0 : 128)
+
+/* The shrink's closed form for row j, from D = sum cx (qa - bias). */
 static inline int64_t shrink_sum(const lp_lora_static *L, int j, int64_t d, int64_t sum_cx) {
     int64_t za = L->ea[L->na > 1 ? j : 0].zero, zx = L->x.zero;
-    return d + (128 - za) * sum_cx - zx * L->sum_a[j] + (int64_t)L->in * zx * za;
+    return d + (BIAS(L->packed) - za) * sum_cx - zx * L->sum_a[j] + (int64_t)L->in * zx * za;
+}
+
+/* Start of A's row j. */
+static inline const uint8_t *a_row(const lp_lora_static *L, int j) {
+    return L->qa + lp_lora_static_code_bytes(lp_lora_static_a_at(L->in, L->packed, j, 0), L->packed);
 }
 
 static inline void shrink_finish(const lp_lora_static *L, int j, int64_t s, uint8_t *ct) {
@@ -66,6 +77,15 @@ static int32_t split_quads(const uint8_t *ct, int rank, int zt, uint32_t *pos, u
 
 V512 INLINE __m512i flip512(__m512i v) { return _mm512_xor_si512(v, _mm512_set1_epi8((char)0x80)); }
 
+/* 64 weight codes at p as signed bytes: 8-bit codes less 128, or 4-bit
+ * codes from 32 packed bytes. */
+V512 INLINE __m512i codes64(const uint8_t *p, bool packed) {
+    if (!packed) return flip512(_mm512_loadu_si512(p));
+    const __m256i v = _mm256_loadu_si256((const __m256i *)p), low = _mm256_set1_epi8(15);
+    return _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)),
+                              _mm256_and_si256(_mm256_srli_epi16(v, 4), low), 1);
+}
+
 V512 static int64_t quantize_512(const lp_lora_static *L, const float *x, uint8_t *cx) {
     const __m512 scale = _mm512_set1_ps(L->x.scale), zero = _mm512_set1_ps((float)L->x.zero),
                  qmax = _mm512_set1_ps((float)L->act_qmax), nil = _mm512_setzero_ps();
@@ -88,31 +108,39 @@ V512 static int64_t quantize_512(const lp_lora_static *L, const float *x, uint8_
  * contiguous), fetched LP_LORA_STATIC_PREFETCH bytes ahead, since the
  * hardware prefetchers barely ramp up on streams this short; the input
  * codes stay in L1. */
-V512 static void shrink_512(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
-                            uint8_t *ct) {
+V512 INLINE void shrink512_impl(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
+                                uint8_t *ct, bool packed) {
+    const size_t step = packed ? 32 : 64; /* bytes of 64 codes */
     for (int j = j0; j < j1; j++) {
-        const uint8_t *a = L->qa + (size_t)j * (size_t)L->in;
+        const uint8_t *a = a_row(L, j);
         int64_t d = 0;
         for (int k0 = 0; k0 < L->in; k0 += SHRINK_CHUNK) {
             int k1 = L->in - k0 < SHRINK_CHUNK ? L->in : k0 + SHRINK_CHUNK;
             __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
             int k = k0;
             for (; k + 128 <= k1; k += 128) {
-                _mm_prefetch((const char *)(a + k + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
-                _mm_prefetch((const char *)(a + k + 64 + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
-                acc0 = _mm512_dpbusd_epi32(acc0, _mm512_loadu_si512(cx + k), flip512(_mm512_loadu_si512(a + k)));
-                acc1 = _mm512_dpbusd_epi32(acc1, _mm512_loadu_si512(cx + k + 64),
-                                           flip512(_mm512_loadu_si512(a + k + 64)));
+                const uint8_t *w = a + (size_t)k / 64 * step;
+                _mm_prefetch((const char *)(w + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+                if (!packed) _mm_prefetch((const char *)(w + 64 + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+                acc0 = _mm512_dpbusd_epi32(acc0, _mm512_loadu_si512(cx + k), codes64(w, packed));
+                acc1 = _mm512_dpbusd_epi32(acc1, _mm512_loadu_si512(cx + k + 64), codes64(w + step, packed));
             }
-            for (; k < k1; k += 64) {
+            for (; k < k1; k += 64) { /* packed rows are padded to 64 codes; 8-bit ones are not */
                 __mmask64 m = k1 - k >= 64 ? ~(__mmask64)0 : ((__mmask64)1 << (k1 - k)) - 1;
-                acc0 = _mm512_dpbusd_epi32(acc0, _mm512_maskz_loadu_epi8(m, cx + k),
-                                           flip512(_mm512_maskz_loadu_epi8(m, a + k)));
+                const uint8_t *w = a + (size_t)k / 64 * step;
+                __m512i c = _mm512_maskz_loadu_epi8(m, cx + k);
+                acc0 = _mm512_dpbusd_epi32(acc0, c, packed ? codes64(w, true) : flip512(_mm512_maskz_loadu_epi8(m, w)));
             }
             d += _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1));
         }
         shrink_finish(L, j, shrink_sum(L, j, d, sum_cx), ct);
     }
+}
+
+V512 static void shrink_512(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
+                            uint8_t *ct) {
+    if (L->packed) shrink512_impl(L, cx, sum_cx, j0, j1, ct, true);
+    else shrink512_impl(L, cx, sum_cx, j0, j1, ct, false);
 }
 
 /* 16 encodings from e[0..n) (n <= 16): their scales and zero points. */
@@ -126,26 +154,24 @@ V512 INLINE void encodings16(const lp_qenc *e, int n, __m512 *scale, __m512i *ze
     *zero = _mm512_castps_si512(_mm512_permutex2var_ps(lo, odd, hi));
 }
 
-V512 static void expand_512(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y) {
-    if (L->rank > LP_LORA_STATIC_INT32_RANK) {
-        lp_lora_static_ref.expand(L, ct, o0, o1, y);
-        return;
-    }
+V512 INLINE void expand512_impl(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y,
+                                bool packed) {
     uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
     int nq = (L->rank + 3) / 4;
+    const size_t step = packed ? 32 : 64; /* bytes of one quad vector */
     const __m512i q_sum = _mm512_set1_epi32(split_quads(ct, L->rank, L->t.zero, pos, neg)),
-                  v128 = _mm512_set1_epi32(128);
+                  bias = _mm512_set1_epi32(BIAS(packed));
     const float st = L->scale * L->t.scale;
     __m512 scale = _mm512_set1_ps(L->eb[0].scale);
     __m512i zb = _mm512_set1_epi32(L->eb[0].zero);
     for (int o = o0; o < o1;) {
         int blk = o / 16, lo = o - 16 * blk, hi = o1 - 16 * blk < 16 ? o1 - 16 * blk : 16;
         __mmask16 m = (__mmask16)(((1u << hi) - 1) & ~((1u << lo) - 1));
-        const uint8_t *b = L->qb + (size_t)blk * (size_t)nq * 64;
+        const uint8_t *b = L->qb + (size_t)blk * (size_t)nq * step;
         __m512i dp = _mm512_setzero_si512(), dn = _mm512_setzero_si512();
         for (int q = 0; q < nq; q++) {
-            _mm_prefetch((const char *)(b + 64 * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
-            __m512i w = flip512(_mm512_loadu_si512(b + 64 * q));
+            _mm_prefetch((const char *)(b + step * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+            __m512i w = codes64(b + step * q, packed);
             dp = _mm512_dpbusd_epi32(dp, _mm512_set1_epi32((int)pos[q]), w);
             dn = _mm512_dpbusd_epi32(dn, _mm512_set1_epi32((int)neg[q]), w);
         }
@@ -156,7 +182,7 @@ V512 static void expand_512(const lp_lora_static *L, const uint8_t *ct, int o0, 
             _mm_prefetch(e + 64 + LP_LORA_STATIC_PREFETCH, _MM_HINT_T0);
             encodings16(L->eb + 16 * blk, hi, &scale, &zb);
         }
-        __m512i s = _mm512_add_epi32(_mm512_sub_epi32(dp, dn), _mm512_mullo_epi32(_mm512_sub_epi32(v128, zb), q_sum));
+        __m512i s = _mm512_add_epi32(_mm512_sub_epi32(dp, dn), _mm512_mullo_epi32(_mm512_sub_epi32(bias, zb), q_sum));
         __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(st), scale), _mm512_cvtepi32_ps(s));
         float *yb = y + 16 * blk;
         _mm512_mask_storeu_ps(yb, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yb), f));
@@ -164,11 +190,25 @@ V512 static void expand_512(const lp_lora_static *L, const uint8_t *ct, int o0, 
     }
 }
 
+V512 static void expand_512(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y) {
+    if (L->rank > LP_LORA_STATIC_INT32_RANK) lp_lora_static_ref.expand(L, ct, o0, o1, y);
+    else if (L->packed) expand512_impl(L, ct, o0, o1, y, true);
+    else expand512_impl(L, ct, o0, o1, y, false);
+}
+
 const lp_lora_static_ops lp_lora_static_avx512vnni = {quantize_512, shrink_512, expand_512};
 
 /* ---- AVX-VNNI (256-bit) ---------------------------------------------------------------- */
 
 V256 INLINE __m256i flip256(__m256i v) { return _mm256_xor_si256(v, _mm256_set1_epi8((char)0x80)); }
+
+/* 32 weight codes as signed bytes: 8-bit codes at p less 128, or the low
+ * (half 0) or high (half 1) nibbles of 32 packed bytes at p. */
+V256 INLINE __m256i codes32(const uint8_t *p, bool packed, int half) {
+    __m256i v = _mm256_loadu_si256((const __m256i *)p);
+    if (!packed) return flip256(v);
+    return _mm256_and_si256(half ? _mm256_srli_epi16(v, 4) : v, _mm256_set1_epi8(15));
+}
 
 V256 static int64_t quantize_256(const lp_lora_static *L, const float *x, uint8_t *cx) {
     const __m256 scale = _mm256_set1_ps(L->x.scale), zero = _mm256_set1_ps((float)L->x.zero),
@@ -200,29 +240,37 @@ V256 static int64_t quantize_256(const lp_lora_static *L, const float *x, uint8_
     return total;
 }
 
-V256 static void shrink_256(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
-                            uint8_t *ct) {
+V256 INLINE void shrink256_impl(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
+                                uint8_t *ct, bool packed) {
+    const size_t step = packed ? 32 : 64; /* bytes of 64 codes */
     int full = L->in & ~63;
     for (int j = j0; j < j1; j++) {
-        const uint8_t *a = L->qa + (size_t)j * (size_t)L->in;
+        const uint8_t *a = a_row(L, j);
         int64_t d = 0;
         for (int k0 = 0; k0 < full; k0 += SHRINK_CHUNK) {
             int k1 = full - k0 < SHRINK_CHUNK ? full : k0 + SHRINK_CHUNK;
             __m256i acc0 = _mm256_setzero_si256(), acc1 = _mm256_setzero_si256();
             for (int k = k0; k < k1; k += 64) {
-                _mm_prefetch((const char *)(a + k + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+                const uint8_t *w = a + (size_t)k / 64 * step;
+                _mm_prefetch((const char *)(w + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
                 acc0 = _mm256_dpbusd_avx_epi32(acc0, _mm256_loadu_si256((const __m256i *)(cx + k)),
-                                               flip256(_mm256_loadu_si256((const __m256i *)(a + k))));
+                                               codes32(w, packed, 0));
                 acc1 = _mm256_dpbusd_avx_epi32(acc1, _mm256_loadu_si256((const __m256i *)(cx + k + 32)),
-                                               flip256(_mm256_loadu_si256((const __m256i *)(a + k + 32))));
+                                               packed ? codes32(w, true, 1) : codes32(w + 32, false, 0));
             }
             int32_t lanes[8];
             _mm256_storeu_si256((__m256i *)lanes, _mm256_add_epi32(acc0, acc1));
             for (int i = 0; i < 8; i++) d += lanes[i];
         }
-        for (int k = full; k < L->in; k++) d += cx[k] * (a[k] - 128);
+        for (int k = full; k < L->in; k++) d += cx[k] * (lp_lora_static_code(a, (size_t)k, packed) - BIAS(packed));
         shrink_finish(L, j, shrink_sum(L, j, d, sum_cx), ct);
     }
+}
+
+V256 static void shrink_256(const lp_lora_static *L, const uint8_t *cx, int64_t sum_cx, int j0, int j1,
+                            uint8_t *ct) {
+    if (L->packed) shrink256_impl(L, cx, sum_cx, j0, j1, ct, true);
+    else shrink256_impl(L, cx, sum_cx, j0, j1, ct, false);
 }
 
 /* 8 encodings from e: their scales and zero points. */
@@ -236,31 +284,23 @@ V256 INLINE void encodings8(const lp_qenc *e, __m256 *scale, __m256i *zero) {
 
 /* Half blocks (8 outputs) that [o0, o1) covers whole; partial ones run
  * the reference. */
-V256 static void expand_256(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y) {
-    if (L->rank > LP_LORA_STATIC_INT32_RANK) {
-        lp_lora_static_ref.expand(L, ct, o0, o1, y);
-        return;
-    }
-    int h0 = (o0 + 7) / 8, h1 = o1 / 8;
-    if (h1 <= h0) {
-        lp_lora_static_ref.expand(L, ct, o0, o1, y);
-        return;
-    }
-    if (o0 < 8 * h0) lp_lora_static_ref.expand(L, ct, o0, 8 * h0, y);
+V256 INLINE void expand256_impl(const lp_lora_static *L, const uint8_t *ct, int h0, int h1, float *y, bool packed) {
     uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
     int nq = (L->rank + 3) / 4;
+    const size_t step = packed ? 32 : 64; /* bytes of one quad vector */
     const __m256i q_sum = _mm256_set1_epi32(split_quads(ct, L->rank, L->t.zero, pos, neg)),
-                  v128 = _mm256_set1_epi32(128);
+                  bias = _mm256_set1_epi32(BIAS(packed));
     const float st = L->scale * L->t.scale;
     __m256 scale = _mm256_set1_ps(L->eb[0].scale);
     __m256i zb = _mm256_set1_epi32(L->eb[0].zero);
     for (int h = h0; h < h1; h++) {
         int o = 8 * h;
-        const uint8_t *b = L->qb + (size_t)(h / 2) * (size_t)nq * 64 + 32 * (size_t)(h % 2);
+        /* packed: both halves of a block share its bytes (low / high nibbles) */
+        const uint8_t *b = L->qb + (size_t)(h / 2) * (size_t)nq * step + (packed ? 0 : 32 * (size_t)(h % 2));
         __m256i dp = _mm256_setzero_si256(), dn = _mm256_setzero_si256();
         for (int q = 0; q < nq; q++) {
-            _mm_prefetch((const char *)(b + 64 * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
-            __m256i w = flip256(_mm256_loadu_si256((const __m256i *)(b + 64 * q)));
+            _mm_prefetch((const char *)(b + step * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
+            __m256i w = codes32(b + step * q, packed, h % 2);
             dp = _mm256_dpbusd_avx_epi32(dp, _mm256_set1_epi32((int)pos[q]), w);
             dn = _mm256_dpbusd_avx_epi32(dn, _mm256_set1_epi32((int)neg[q]), w);
         }
@@ -268,10 +308,21 @@ V256 static void expand_256(const lp_lora_static *L, const uint8_t *ct, int o0, 
             _mm_prefetch((const char *)(L->eb + o) + LP_LORA_STATIC_PREFETCH, _MM_HINT_T0);
             encodings8(L->eb + o, &scale, &zb);
         }
-        __m256i s = _mm256_add_epi32(_mm256_sub_epi32(dp, dn), _mm256_mullo_epi32(_mm256_sub_epi32(v128, zb), q_sum));
+        __m256i s = _mm256_add_epi32(_mm256_sub_epi32(dp, dn), _mm256_mullo_epi32(_mm256_sub_epi32(bias, zb), q_sum));
         __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(st), scale), _mm256_cvtepi32_ps(s));
         _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), f));
     }
+}
+
+V256 static void expand_256(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y) {
+    int h0 = (o0 + 7) / 8, h1 = o1 / 8;
+    if (L->rank > LP_LORA_STATIC_INT32_RANK || h1 <= h0) {
+        lp_lora_static_ref.expand(L, ct, o0, o1, y);
+        return;
+    }
+    if (o0 < 8 * h0) lp_lora_static_ref.expand(L, ct, o0, 8 * h0, y);
+    if (L->packed) expand256_impl(L, ct, h0, h1, y, true);
+    else expand256_impl(L, ct, h0, h1, y, false);
     if (8 * h1 < o1) lp_lora_static_ref.expand(L, ct, 8 * h1, o1, y);
 }
 

@@ -172,8 +172,8 @@ static const char *basename_of(const char *path) {
 /* Bytes of one half of a pair (packed W8 halves are not row-strided). */
 static size_t half_bytes(const lp_weight *w) {
     if (w->type == LP_W8 || w->type == LP_W4) return lp_pack_bytes(w->type, w->rows, w->cols, w->group);
-    if (w->type == LP_I8 && w->group) /* profile B: rows in blocks of group */
-        return w->row_bytes * (size_t)((w->rows + w->group - 1) / w->group * w->group);
+    if (w->type == LP_I8 && w->group) /* profile B: row_bytes per block of group rows */
+        return w->row_bytes * (size_t)((w->rows + w->group - 1) / w->group);
     return w->row_bytes * (size_t)w->rows;
 }
 
@@ -897,30 +897,33 @@ static lp_weight lpa_half(const lp_lpa_entry *e, bool is_b) {
                               .row_bytes = esz * e->in, .data = e->a};
 }
 
-/* Profile codes (.lpa version 3) as uint8_t matrices (type LP_I8 marks
- * them): A [rank][in], Q8 in place, Q4 unpacked into an owned copy; B in
- * the static branch's blocks (lp_lora_static_b_at; group: outputs per
- * block, row_bytes: bytes per output). NULL data on no memory. */
+/* Profile codes (.lpa version 3) in the static branch's layouts (type
+ * LP_I8 marks them; group: B's outputs per block): Q8 A in place, Q8 B and
+ * everything Q4 in an owned copy, Q4 kept at two codes a byte
+ * (lp_lora_static_code). NULL data on no memory. */
 static lp_weight lpa_codes(lp_adapter *a, const lp_lpa_entry *e, bool is_b) {
     int64_t rows = is_b ? (int64_t)e->out : (int64_t)e->rank, cols = is_b ? (int64_t)e->rank : (int64_t)e->in;
     const uint8_t *src = is_b ? e->b : e->a;
+    bool packed = e->dtype == LP_LPA_Q4;
     lp_weight w = {.type = LP_I8, .rows = rows, .cols = cols, .row_bytes = (size_t)cols, .data = src};
-    if (e->dtype == LP_LPA_Q8 && !is_b) return w;
-    size_t bytes = is_b ? LP_LORA_STATIC_B_BYTES((int)cols, (int)rows) : (size_t)rows * (size_t)cols;
+    if (!packed && !is_b) return w;
+    size_t codes = is_b ? LP_LORA_STATIC_B_CODES((int)cols, (int)rows) : LP_LORA_STATIC_A_CODES((int)rows, (int)cols, packed);
+    size_t bytes = lp_lora_static_code_bytes(codes, packed);
     uint8_t *dst = adapter_own(a, bytes);
     w.data = dst;
     if (!dst) return w;
-    if (is_b) {
-        w.group = LP_LORA_STATIC_B_BLOCK;
-        w.row_bytes = 4 * (((size_t)cols + 3) / 4);
-        memset(dst, 0, bytes);
-    }
+    memset(dst, 0, bytes);
+    /* rows x row_bytes: the bytes the layout holds (hashing, sizes) */
+    w.row_bytes = bytes / (size_t)(is_b ? (rows + LP_LORA_STATIC_B_BLOCK - 1) / LP_LORA_STATIC_B_BLOCK : rows);
+    if (is_b) w.group = LP_LORA_STATIC_B_BLOCK;
     size_t rb = lp_lpa_code_row_bytes((uint32_t)e->dtype, (uint64_t)cols);
     for (int64_t r = 0; r < rows; r++)
         for (int64_t c = 0; c < cols; c++) {
             const uint8_t *row = src + (size_t)r * rb;
-            uint8_t code = e->dtype == LP_LPA_Q8 ? row[c] : c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15;
-            dst[is_b ? lp_lora_static_b_at((int)cols, (int)c, (int)r) : (size_t)(r * cols + c)] = code;
+            int code = packed ? (c % 2 ? row[c / 2] >> 4 : row[c / 2] & 15) : row[c];
+            size_t at = is_b ? lp_lora_static_b_at((int)cols, (int)c, (int)r)
+                             : lp_lora_static_a_at((int)cols, packed, (int)r, (int)c);
+            lp_lora_static_set_code(dst, at, packed, code);
         }
     return w;
 }
@@ -928,7 +931,7 @@ static lp_weight lpa_codes(lp_adapter *a, const lp_lpa_entry *e, bool is_b) {
 /* The code sums the static branch needs (lp_lora_static.sum_a). */
 static int64_t *lpa_sum_a(lp_adapter *a, const lp_lora_pair *p) {
     int64_t *sum_a = adapter_own(a, (size_t)p->rank * sizeof(int64_t));
-    if (sum_a) lp_lora_static_sum_a(p->A.data, p->rank, (int)p->A.cols, sum_a);
+    if (sum_a) lp_lora_static_sum_a(p->A.data, p->codes_packed, p->rank, (int)p->A.cols, sum_a);
     return sum_a;
 }
 
@@ -1009,6 +1012,7 @@ static lp_adapter *adapter_from_lpa(const lp_model *m, const void *data, size_t 
         bool codes = e->dtype == LP_LPA_Q8 || e->dtype == LP_LPA_Q4;
         p->A = codes ? lpa_codes(a, e, false) : lpa_half(e, false);
         p->B = codes ? lpa_codes(a, e, true) : lpa_half(e, true);
+        p->codes_packed = e->dtype == LP_LPA_Q4;
         if (codes && p->A.data && p->B.data) p->sum_a = lpa_sum_a(a, p);
         if (!p->A.data || !p->B.data || (codes && !p->sum_a)) {
             lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory", what);

@@ -24,12 +24,13 @@ typedef struct lp_lora_pair {
     lp_weight B;         /* rows = out,  cols = rank (F32, F16; packed: round32(rank),
                             zero past the rank) */
     /* Under a shared profile (lp_adapter.profile_id != 0) A and B are bare
-     * codes, one uint8_t each (type LP_I8 marks them; the values are codes,
-     * not numbers), A row-major and B in the static branch's quads
-     * (kernels/lora_static.h; rows / cols still name B's shape): their
+     * codes (type LP_I8 marks them; the values are codes, not numbers), in
+     * the static branch's layouts (kernels/lora_static.h; rows / cols still
+     * name the shapes), 8-bit or 4-bit packed two a byte: their
      * encodings are in the profile the context binds (lp_profile), found
      * by `weight`. */
     const int64_t *sum_a;  /* profile codes: [rank] sums of A's rows' codes (lp_lora_static.sum_a) */
+    bool codes_packed;     /* profile codes: 4-bit, two a byte (lp_lora_static.packed) */
 } lp_lora_pair;
 
 struct lp_adapter {

@@ -194,7 +194,7 @@ static void add_static(lp_context *ctx, lora_batch *b, const lp_lora_pair *pair,
     size_t need = (size_t)n * (size_t)pair->rank;
     if (b->n_static == LP_MATMUL_TASKS_MAX || b->qt_used + need > ctx->lora_t_cap) static_flush(ctx, b);
     b->sp[b->n_static++] = (static_piece){
-        .L = {.qa = pair->A.data, .qb = pair->B.data, .sum_a = pair->sum_a, .rank = pair->rank, .in = (int)e->in, .out = (int)e->out,
+        .L = {.qa = pair->A.data, .qb = pair->B.data, .packed = pair->codes_packed, .sum_a = pair->sum_a, .rank = pair->rank, .in = (int)e->in, .out = (int)e->out,
               .ea = e->a, .eb = e->b, .na = e->na, .nb = e->nb, .x = e->x, .t = e->t,
               .act_qmax = (1 << pf->q.act_bits) - 1, .scale = pair->scale},
         .rows = rows, .n = n, .x = xs, .x_stride = xs_stride, .dst = dst, .dst_stride = dst_stride,

@@ -140,7 +140,7 @@ int lp_train_quad_set_profile(lp_train_quad *q, const lp_train_model *m, const l
                 return lp_fail(err, "%s: the profile's shape (rank %u, %u x %u) is not the adapter's", name, e->rank,
                                e->out, e->in);
             if (!q->qa[s]) q->qa[s] = malloc((size_t)e->rank * e->in);
-            if (!q->qb[s]) q->qb[s] = calloc(LP_LORA_STATIC_B_BYTES((int)e->rank, (int)e->out), 1);
+            if (!q->qb[s]) q->qb[s] = calloc(LP_LORA_STATIC_B_CODES((int)e->rank, (int)e->out), 1);
             if (!q->sum_a[s]) q->sum_a[s] = malloc((size_t)e->rank * sizeof(int64_t));
             if (!q->qa[s] || !q->qb[s] || !q->sum_a[s]) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
             q->enc[s] = e;
@@ -180,7 +180,7 @@ int lp_train_quad_begin(lp_train_quad *q, lp_train_model *m, float *keep, lp_err
             if (!e) continue;
             encode_fake(m->w.layers[l].lora_a[p], e->rank, e->in, e->a, e->na, qmax, false, q->qa[s]);
             encode_fake(m->w.layers[l].lora_b[p], e->out, e->rank, e->b, e->nb, qmax, true, q->qb[s]);
-            lp_lora_static_sum_a(q->qa[s], (int)e->rank, (int)e->in, q->sum_a[s]);
+            lp_lora_static_sum_a(q->qa[s], false, (int)e->rank, (int)e->in, q->sum_a[s]);
         }
     return 0;
 }
