@@ -85,7 +85,8 @@ INLINE void expand_impl(const lp_lora_static *L, const uint8_t *ct, int o0, int 
             for (int j = 0; j < L->rank; j++)
                 s += (int64_t)(ct[j] - zt) *
                      (lp_lora_static_code(L->qb, lp_lora_static_b_at(L->rank, j, o), L->packed) - eb.zero);
-            y[o] += (st * eb.scale) * (float)s;
+            float add = (st * eb.scale) * (float)s; /* its own statement: never fused into an FMA */
+            y[o] += add;
         }
         return;
     }
@@ -105,7 +106,8 @@ INLINE void expand_impl(const lp_lora_static *L, const uint8_t *ct, int o0, int 
         }
         for (int l = lo; l < hi; l++) {
             lp_qenc eb = L->eb[L->nb > 1 ? 16 * blk + l : 0];
-            y[16 * blk + l] += (st * eb.scale) * (float)(acc[l] - eb.zero * qsum);
+            float add = (st * eb.scale) * (float)(acc[l] - eb.zero * qsum);
+            y[16 * blk + l] += add;
         }
         o = 16 * blk + hi;
     }
