@@ -66,12 +66,10 @@ INLINE int64_t dot_packed(const uint8_t *restrict cx, int16_t zx, const uint8_t 
 
 INLINE void shrink_impl(const lp_lora_static *L, const uint8_t *cx, int j0, int j1, uint8_t *ct) {
     for (int j = j0; j < j1; j++) {
-        lp_qenc ea = L->ea[L->na > 1 ? j : 0];
-        const uint8_t *a = L->qa + lp_lora_static_code_bytes(lp_lora_static_a_at(L->in, L->packed, j, 0), L->packed);
-        int64_t s = L->packed ? dot_packed(cx, (int16_t)L->x.zero, a, (int16_t)ea.zero, L->in)
-                              : dot_codes(cx, (int16_t)L->x.zero, a, (int16_t)ea.zero, L->in);
-        float t = (L->x.scale * ea.scale) * (float)s;
-        ct[j] = (uint8_t)lp_q_code(t, L->t, L->act_qmax);
+        int16_t za = (int16_t)L->ea[L->na > 1 ? j : 0].zero, zx = (int16_t)L->x.zero;
+        const uint8_t *a = lp_lora_static_a_row(L, j);
+        int64_t s = L->packed ? dot_packed(cx, zx, a, za, L->in) : dot_codes(cx, zx, a, za, L->in);
+        lp_lora_static_shrink_code(L, j, s, ct);
     }
 }
 

@@ -40,10 +40,12 @@ typedef struct lp_lora_static {
  * and outputs past the last hold 0. */
 #define LP_LORA_STATIC_B_BLOCK 16
 static inline size_t lp_lora_static_b_at(int rank, int j, int o) {
-    size_t nq = (size_t)(rank + 3) / 4;
-    return (((size_t)o / 16 * nq + (size_t)j / 4) * 16 + (size_t)o % 16) * 4 + (size_t)j % 4;
+    size_t nq = (size_t)(rank + 3) / 4, blk = LP_LORA_STATIC_B_BLOCK;
+    return (((size_t)o / blk * nq + (size_t)j / 4) * blk + (size_t)o % blk) * 4 + (size_t)j % 4;
 }
-#define LP_LORA_STATIC_B_CODES(rank, out) ((size_t)(((out) + 15) / 16) * 64 * (size_t)(((rank) + 3) / 4))
+#define LP_LORA_STATIC_B_CODES(rank, out)                                                            \
+    ((size_t)(((out) + LP_LORA_STATIC_B_BLOCK - 1) / LP_LORA_STATIC_B_BLOCK) * LP_LORA_STATIC_B_BLOCK * 4 * \
+     (size_t)(((rank) + 3) / 4))
 
 /* Position of A's code (j, k): row after row; packed rows are padded to a
  * multiple of 64 codes (with code 0). */
@@ -70,6 +72,18 @@ static inline void lp_lora_static_set_code(uint8_t *codes, size_t at, bool packe
 }
 /* Bytes of n code positions (a multiple of 64 when packed). */
 static inline size_t lp_lora_static_code_bytes(size_t n, bool packed) { return packed ? n / 2 : n; }
+
+/* Start of A's row j. */
+static inline const uint8_t *lp_lora_static_a_row(const lp_lora_static *L, int j) {
+    return L->qa + lp_lora_static_code_bytes(lp_lora_static_a_at(L->in, L->packed, j, 0), L->packed);
+}
+
+/* The shrink's last step for rank row j, from its exact integer sum s:
+ * ct[j] = code(t_j). */
+static inline void lp_lora_static_shrink_code(const lp_lora_static *L, int j, int64_t s, uint8_t *ct) {
+    float t = (L->x.scale * L->ea[L->na > 1 ? j : 0].scale) * (float)s;
+    ct[j] = (uint8_t)lp_q_code(t, L->t, L->act_qmax);
+}
 
 /* Ranks up to this sum the expand in 32 bits (every term is within
  * rank * 255^2, four of them under 2^31); wider ones in 64. */

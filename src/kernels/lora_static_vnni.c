@@ -45,32 +45,32 @@ static inline int64_t shrink_sum(const lp_lora_static *L, int j, int64_t d, int6
     return d + (BIAS(L->packed) - za) * sum_cx - zx * L->sum_a[j] + (int64_t)L->in * zx * za;
 }
 
-/* Start of A's row j. */
-static inline const uint8_t *a_row(const lp_lora_static *L, int j) {
-    return L->qa + lp_lora_static_code_bytes(lp_lora_static_a_at(L->in, L->packed, j, 0), L->packed);
-}
+/* What both expands need of a row's shrink codes: ct_j - zt as the quads
+ * of its positive and negative parts (zero past the rank) and its sum. */
+typedef struct expand_quads {
+    uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
+    int32_t sum;     /* sum_j (ct_j - zt) */
+    int nq;          /* quads */
+    size_t step;     /* bytes of one quad vector of a block */
+    float st;        /* the adapter's scale times et.scale */
+} expand_quads;
 
-static inline void shrink_finish(const lp_lora_static *L, int j, int64_t s, uint8_t *ct) {
-    float t = (L->x.scale * L->ea[L->na > 1 ? j : 0].scale) * (float)s;
-    ct[j] = (uint8_t)lp_q_code(t, L->t, L->act_qmax);
-}
-
-/* ct_j - zt as the quads of its positive and negative parts (zero past the
- * rank); returns sum_j (ct_j - zt). */
-static int32_t split_quads(const uint8_t *ct, int rank, int zt, uint32_t *pos, uint32_t *neg) {
-    int32_t sum = 0;
-    for (int q = 0; q < (rank + 3) / 4; q++) {
+static void expand_quads_init(const lp_lora_static *L, const uint8_t *ct, bool packed, expand_quads *e) {
+    e->nq = (L->rank + 3) / 4;
+    e->step = packed ? 32 : 64;
+    e->st = L->scale * L->t.scale;
+    e->sum = 0;
+    for (int q = 0; q < e->nq; q++) {
         uint8_t p[4] = {0, 0, 0, 0}, n[4] = {0, 0, 0, 0};
-        for (int i = 0; i < 4 && 4 * q + i < rank; i++) {
-            int d = ct[4 * q + i] - zt;
+        for (int i = 0; i < 4 && 4 * q + i < L->rank; i++) {
+            int d = ct[4 * q + i] - L->t.zero;
             p[i] = (uint8_t)(d > 0 ? d : 0);
             n[i] = (uint8_t)(d < 0 ? -d : 0);
-            sum += d;
+            e->sum += d;
         }
-        memcpy(&pos[q], p, 4);
-        memcpy(&neg[q], n, 4);
+        memcpy(&e->pos[q], p, 4);
+        memcpy(&e->neg[q], n, 4);
     }
-    return sum;
 }
 
 /* ---- AVX-512 VNNI -------------------------------------------------------------------- */
@@ -112,7 +112,7 @@ V512 INLINE void shrink512_impl(const lp_lora_static *L, const uint8_t *cx, int6
                                 uint8_t *ct, bool packed) {
     const size_t step = packed ? 32 : 64; /* bytes of 64 codes */
     for (int j = j0; j < j1; j++) {
-        const uint8_t *a = a_row(L, j);
+        const uint8_t *a = lp_lora_static_a_row(L, j);
         int64_t d = 0;
         for (int k0 = 0; k0 < L->in; k0 += SHRINK_CHUNK) {
             int k1 = L->in - k0 < SHRINK_CHUNK ? L->in : k0 + SHRINK_CHUNK;
@@ -133,7 +133,7 @@ V512 INLINE void shrink512_impl(const lp_lora_static *L, const uint8_t *cx, int6
             }
             d += _mm512_reduce_add_epi32(_mm512_add_epi32(acc0, acc1));
         }
-        shrink_finish(L, j, shrink_sum(L, j, d, sum_cx), ct);
+        lp_lora_static_shrink_code(L, j, shrink_sum(L, j, d, sum_cx), ct);
     }
 }
 
@@ -156,12 +156,11 @@ V512 INLINE void encodings16(const lp_qenc *e, int n, __m512 *scale, __m512i *ze
 
 V512 INLINE void expand512_impl(const lp_lora_static *L, const uint8_t *ct, int o0, int o1, float *y,
                                 bool packed) {
-    uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
-    int nq = (L->rank + 3) / 4;
-    const size_t step = packed ? 32 : 64; /* bytes of one quad vector */
-    const __m512i q_sum = _mm512_set1_epi32(split_quads(ct, L->rank, L->t.zero, pos, neg)),
-                  bias = _mm512_set1_epi32(BIAS(packed));
-    const float st = L->scale * L->t.scale;
+    expand_quads e;
+    expand_quads_init(L, ct, packed, &e);
+    const int nq = e.nq;
+    const size_t step = e.step;
+    const __m512i q_sum = _mm512_set1_epi32(e.sum), bias = _mm512_set1_epi32(BIAS(packed));
     __m512 scale = _mm512_set1_ps(L->eb[0].scale);
     __m512i zb = _mm512_set1_epi32(L->eb[0].zero);
     for (int o = o0; o < o1;) {
@@ -172,8 +171,8 @@ V512 INLINE void expand512_impl(const lp_lora_static *L, const uint8_t *ct, int 
         for (int q = 0; q < nq; q++) {
             _mm_prefetch((const char *)(b + step * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
             __m512i w = codes64(b + step * q, packed);
-            dp = _mm512_dpbusd_epi32(dp, _mm512_set1_epi32((int)pos[q]), w);
-            dn = _mm512_dpbusd_epi32(dn, _mm512_set1_epi32((int)neg[q]), w);
+            dp = _mm512_dpbusd_epi32(dp, _mm512_set1_epi32((int)e.pos[q]), w);
+            dn = _mm512_dpbusd_epi32(dn, _mm512_set1_epi32((int)e.neg[q]), w);
         }
         if (L->nb > 1) {
             /* the encodings are a second stream, as long as B's for rank 8 */
@@ -183,7 +182,7 @@ V512 INLINE void expand512_impl(const lp_lora_static *L, const uint8_t *ct, int 
             encodings16(L->eb + 16 * blk, hi, &scale, &zb);
         }
         __m512i s = _mm512_add_epi32(_mm512_sub_epi32(dp, dn), _mm512_mullo_epi32(_mm512_sub_epi32(bias, zb), q_sum));
-        __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(st), scale), _mm512_cvtepi32_ps(s));
+        __m512 f = _mm512_mul_ps(_mm512_mul_ps(_mm512_set1_ps(e.st), scale), _mm512_cvtepi32_ps(s));
         float *yb = y + 16 * blk;
         _mm512_mask_storeu_ps(yb, m, _mm512_add_ps(_mm512_maskz_loadu_ps(m, yb), f));
         o = 16 * blk + hi;
@@ -245,7 +244,7 @@ V256 INLINE void shrink256_impl(const lp_lora_static *L, const uint8_t *cx, int6
     const size_t step = packed ? 32 : 64; /* bytes of 64 codes */
     int full = L->in & ~63;
     for (int j = j0; j < j1; j++) {
-        const uint8_t *a = a_row(L, j);
+        const uint8_t *a = lp_lora_static_a_row(L, j);
         int64_t d = 0;
         for (int k0 = 0; k0 < full; k0 += SHRINK_CHUNK) {
             int k1 = full - k0 < SHRINK_CHUNK ? full : k0 + SHRINK_CHUNK;
@@ -263,7 +262,7 @@ V256 INLINE void shrink256_impl(const lp_lora_static *L, const uint8_t *cx, int6
             for (int i = 0; i < 8; i++) d += lanes[i];
         }
         for (int k = full; k < L->in; k++) d += cx[k] * (lp_lora_static_code(a, (size_t)k, packed) - BIAS(packed));
-        shrink_finish(L, j, shrink_sum(L, j, d, sum_cx), ct);
+        lp_lora_static_shrink_code(L, j, shrink_sum(L, j, d, sum_cx), ct);
     }
 }
 
@@ -285,12 +284,11 @@ V256 INLINE void encodings8(const lp_qenc *e, __m256 *scale, __m256i *zero) {
 /* Half blocks (8 outputs) that [o0, o1) covers whole; partial ones run
  * the reference. */
 V256 INLINE void expand256_impl(const lp_lora_static *L, const uint8_t *ct, int h0, int h1, float *y, bool packed) {
-    uint32_t pos[LP_LORA_STATIC_INT32_RANK / 4], neg[LP_LORA_STATIC_INT32_RANK / 4];
-    int nq = (L->rank + 3) / 4;
-    const size_t step = packed ? 32 : 64; /* bytes of one quad vector */
-    const __m256i q_sum = _mm256_set1_epi32(split_quads(ct, L->rank, L->t.zero, pos, neg)),
-                  bias = _mm256_set1_epi32(BIAS(packed));
-    const float st = L->scale * L->t.scale;
+    expand_quads e;
+    expand_quads_init(L, ct, packed, &e);
+    const int nq = e.nq;
+    const size_t step = e.step;
+    const __m256i q_sum = _mm256_set1_epi32(e.sum), bias = _mm256_set1_epi32(BIAS(packed));
     __m256 scale = _mm256_set1_ps(L->eb[0].scale);
     __m256i zb = _mm256_set1_epi32(L->eb[0].zero);
     for (int h = h0; h < h1; h++) {
@@ -301,15 +299,15 @@ V256 INLINE void expand256_impl(const lp_lora_static *L, const uint8_t *ct, int 
         for (int q = 0; q < nq; q++) {
             _mm_prefetch((const char *)(b + step * q + LP_LORA_STATIC_PREFETCH), _MM_HINT_T0);
             __m256i w = codes32(b + step * q, packed, h % 2);
-            dp = _mm256_dpbusd_avx_epi32(dp, _mm256_set1_epi32((int)pos[q]), w);
-            dn = _mm256_dpbusd_avx_epi32(dn, _mm256_set1_epi32((int)neg[q]), w);
+            dp = _mm256_dpbusd_avx_epi32(dp, _mm256_set1_epi32((int)e.pos[q]), w);
+            dn = _mm256_dpbusd_avx_epi32(dn, _mm256_set1_epi32((int)e.neg[q]), w);
         }
         if (L->nb > 1) {
             _mm_prefetch((const char *)(L->eb + o) + LP_LORA_STATIC_PREFETCH, _MM_HINT_T0);
             encodings8(L->eb + o, &scale, &zb);
         }
         __m256i s = _mm256_add_epi32(_mm256_sub_epi32(dp, dn), _mm256_mullo_epi32(_mm256_sub_epi32(bias, zb), q_sum));
-        __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(st), scale), _mm256_cvtepi32_ps(s));
+        __m256 f = _mm256_mul_ps(_mm256_mul_ps(_mm256_set1_ps(e.st), scale), _mm256_cvtepi32_ps(s));
         _mm256_storeu_ps(y + o, _mm256_add_ps(_mm256_loadu_ps(y + o), f));
     }
 }
