@@ -6,7 +6,10 @@
 # clear errors for a wrong noise size, a bad sampler and a missing model;
 # --lora (runtime LoRAs, scales, a textual-inversion token), a batch of two
 # images with different adapters == each alone; --precision w8a16 / w8a8;
-# loraplex compile of the checkpoint and image on the compiled file.
+# loraplex compile of the checkpoint and image on the compiled file;
+# --init / --strength (the steps a strength runs) and --mask (a white mask is
+# plain image to image, bit for bit), an inpainting (9-channel) checkpoint,
+# and the errors of a missing init, a mask or init of another size.
 set -u
 bin="$1"; models="$2"; work="$3/cli_image_tmp"
 mkdir -p "$work"
@@ -56,6 +59,36 @@ run -m "$work/t8.lpx" --precision f32 -o "$work/f.png"; rc=$?
 "$bin" compile "$m" --weights q4 -o "$work/t4.lpx" 2>"$work/err"; rc=$?
 [ $rc -eq 2 ] && grep -q "q8 or f32" "$work/err" && ok || bad "compile q4: rc=$rc $(cat "$work/err")"
 head -c 5000 "$work/t8.lpx" > "$work/cut.lpx"
+
+# image to image and inpainting from the first run's picture
+png() { # FILE W H: a grey PNG, left half white when 4th arg is half, else all of VALUE
+  python3 - "$@" <<'PY'
+import struct, sys, zlib
+f, w, h, v = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
+row = lambda: bytes(255 if v == "half" and x < w // 2 - 3 or v == "white" else 0 for x in range(w) for _ in range(3))
+raw = b"".join(b"\0" + row() for _ in range(h))
+ch = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
+open(f, "wb").write(b"\x89PNG\r\n\x1a\n" + ch(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) +
+                    ch(b"IDAT", zlib.compress(raw)) + ch(b"IEND", b""))
+PY
+}
+png "$work/white.png" 64 32 white; png "$work/half.png" 64 32 half; png "$work/small.png" 32 32 white
+run --seed 5 --init "$work/a.png" --strength 0.5 -o "$work/i.png" --latents-out "$work/i.lat" && ok || bad "--init: $(cat "$work/err")"
+grep -q "step 1/1" "$work/err" && ok || bad "--strength 0.5 of 2 steps: $(cat "$work/err")"
+! cmp -s "$work/i.lat" "$work/a.lat" && ok || bad "--init ignored"
+run --seed 5 --init "$work/a.png" --strength 0.5 --mask "$work/white.png" -o "$work/j.png" --latents-out "$work/j.lat" && cmp -s "$work/i.lat" "$work/j.lat" && ok || bad "white mask != image to image: $(cat "$work/err")"
+run --seed 5 --init "$work/a.png" --strength 0.5 --mask "$work/half.png" -o "$work/k.png" --latents-out "$work/k.lat" && ! cmp -s "$work/i.lat" "$work/k.lat" && ok || bad "half mask: $(cat "$work/err")"
+"$bin" image -m "$m" -p x --steps 2 -t 1 --init "$work/a.png" -o "$work/l.png" 2>"$work/err" && grep -q "64x32" "$work/err" && ok || bad "init's size: $(cat "$work/err")"
+run --mask "$work/half.png" -o "$work/f.png"; rc=$?
+[ $rc -eq 2 ] && grep -q "needs --init" "$work/err" && ok || bad "mask without init: rc=$rc $(cat "$work/err")"
+run --init "$work/a.png" --mask "$work/small.png" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "small.png is 32x32" "$work/err" && ok || bad "mask of another size: rc=$rc $(cat "$work/err")"
+run --init "$work/small.png" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "not the 64x32" "$work/err" && ok || bad "init of another size: rc=$rc $(cat "$work/err")"
+"$bin" synth --preset sd-tiny-inpaint -o "$work/inp.safetensors" 2>"$work/err" && ok || bad "synth inpaint: $(cat "$work/err")"
+run -m "$work/inp.safetensors" --init "$work/a.png" --mask "$work/half.png" --strength 1 -o "$work/n.png" && ok || bad "9-channel inpainting: $(cat "$work/err")"
+run -m "$work/inp.safetensors" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "inpainting UNet (9 input channels) needs" "$work/err" && ok || bad "9-channel without a mask: rc=$rc $(cat "$work/err")"
 run -m "$work/cut.lpx" -o "$work/f.png"; rc=$?
 [ $rc -ne 0 ] && grep -q "cut.lpx: header says" "$work/err" && ok || bad "truncated compiled file: rc=$rc $(cat "$work/err")"
 

@@ -8,7 +8,12 @@
  * of three images with their own prompts, seeds and adapters (euler and
  * dpm++2m; and euler with int8 weights, W8A16 and W8A8) equals each image
  * generated alone, bit for bit; int8 weights stay within stated bounds of
- * f32 (final latent, image PSNR) for every sampler. Needs
+ * f32 (final latent, image PSNR) for every sampler. Image to image and
+ * inpainting (a 4-channel UNet with the latent blend, and a 9-channel
+ * inpainting UNet) against a reference written here from the graphs' calls
+ * (VAE encoder, UNet, sampler), bit for bit, with the steps a strength runs;
+ * a mask that keeps everything gives the init's latent, one that repaints
+ * everything plain image to image. Needs
  * ../shared/models/sd/clip-bpe-merges.txt (a failure without it). */
 #include "check.h"
 #include "image/sd_pipeline.h"
@@ -49,6 +54,149 @@ static double max_abs_diff(const float *a, const float *b, int n) {
     double m = 0;
     for (int i = 0; i < n; i++) m = fmax(m, fabs(a[i] - b[i]));
     return m;
+}
+
+/* ---- image to image and inpainting, restated from the graphs' calls (one row: cfg 1) ---------------- */
+
+typedef struct ref_ctx {
+    lp_sd_graph *g;
+    lp_sd_schedule sched;
+    const float *ctx, *z0, *noise, *m, *extra; /* m: latent mask (blend) or NULL; extra: [px][5] or NULL */
+    int64_t px;
+    float *xin, *eps, *xb;
+} ref_ctx;
+
+static int ref_denoise(void *c, const float *x, double sigma, float *out, lp_error *err) {
+    ref_ctx *r = c;
+    int64_t n = r->px * 4;
+    int uc = r->extra ? 9 : 4;
+    if (r->m) {
+        for (int64_t i = 0; i < n; i++)
+            r->xb[i] = r->m[i / 4] * x[i] + (1.0f - r->m[i / 4]) * (r->z0[i] + (float)sigma * r->noise[i]);
+        x = r->xb;
+    }
+    float c_in = (float)(1.0 / sqrt(sigma * sigma + 1.0)), t = (float)lp_sd_sigma_to_t(&r->sched, sigma);
+    for (int64_t i = 0; i < r->px; i++)
+        for (int ch = 0; ch < uc; ch++) r->xin[i * uc + ch] = ch < 4 ? x[i * 4 + ch] * c_in : r->extra[i * 5 + ch - 4];
+    if (lp_sd_unet(r->g, r->xin, &t, r->ctx, 1, r->eps, err)) return -1;
+    for (int64_t i = 0; i < n; i++) {
+        out[i] = x[i] - (float)sigma * r->eps[i];
+        if (r->m) out[i] = r->m[i / 4] * out[i] + (1.0f - r->m[i / 4]) * r->z0[i];
+    }
+    return 0;
+}
+
+/* euler, cfg 1: the init (and the mask) as lp_sd_generate's contract states -> latent [px][4] */
+static void ref_img2img(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const lp_sd_gen_params *p, float *lat) {
+    enum { PX = (W / 8) * (H / 8) };
+    static float img[W * H * 3], z0[PX * 4], zm[PX * 4], noise[PX * 4], x[PX * 4], scratch[3 * PX * 4];
+    static float xin[PX * 9], eps[PX * 4], xb[PX * 4], m[PX], extra[PX * 5], ctx[77 * 32];
+    lp_error err = {0};
+    bool nine = lp_sd_weights_config(w)->unet_in == 9;
+    ref_ctx r = {.g = lp_sd_graph_create(w, 1, H / 8, W / 8, p->n_threads, &err), .ctx = ctx, .z0 = z0,
+                 .noise = noise, .px = PX, .xin = xin, .eps = eps, .xb = xb};
+    lp_sd_schedule_init(&r.sched);
+    int32_t ids[77];
+    CHECK(lp_sd_encode_prompt(tok, NULL, p->prompt, ids, 77, &err) == 0);
+    CHECK(lp_sd_text_encode(r.g, ids, 1, 1, ctx, &err) == 0);
+    for (int pass = 0; pass < 1 + nine; pass++) { /* the init; the init with the masked pixels zeroed */
+        for (int i = 0; i < W * H * 3; i++) img[i] = pass && p->mask[i / 3] >= 128 ? 0.0f : p->init[i] / 127.5f - 1.0f;
+        CHECK(lp_sd_vae_encode(r.g, img, 1, pass ? zm : z0, &err) == 0);
+    }
+    for (int y = 0; p->mask && y < H / 8; y++)
+        for (int xx = 0; xx < W / 8; xx++) {
+            int on = 0;
+            for (int i = 0; i < 64; i++) on += p->mask[(8 * y + i / 8) * W + 8 * xx + i % 8] >= 128;
+            m[y * (W / 8) + xx] = on / 64.0f;
+            extra[(y * (W / 8) + xx) * 5] = p->mask[8 * y * W + 8 * xx] >= 128;
+            for (int ch = 0; ch < 4; ch++) extra[(y * (W / 8) + xx) * 5 + 1 + ch] = zm[(y * (W / 8) + xx) * 4 + ch];
+        }
+    r.m = p->mask && !nine ? m : NULL;
+    r.extra = nine ? extra : NULL;
+    double sig[1001];
+    CHECK(lp_sd_sigmas(&r.sched, LP_SD_SAMPLER_EULER, LP_SD_SCHED_DISCRETE, p->steps, sig) == 0);
+    int start = p->steps - (int)(p->steps * p->strength);
+    lp_rng nr;
+    lp_rng_seed(&nr, p->seed);
+    for (int ch = 0; ch < 4; ch++)
+        for (int i = 0; i < PX; i++) noise[i * 4 + ch] = lp_rng_normal(&nr);
+    for (int i = 0; i < PX * 4; i++) x[i] = z0[i] + noise[i] * (float)sig[start];
+    CHECK(lp_sd_sample(LP_SD_SAMPLER_EULER, sig + start, p->steps - start, x, PX * 4, ref_denoise, &r, &nr, scratch,
+                       NULL, NULL, &err) == 0);
+    for (int i = 0; r.m && i < PX * 4; i++) x[i] = r.m[i / 4] * x[i] + (1.0f - r.m[i / 4]) * (z0[i] + 0.0f * noise[i]);
+    for (int ch = 0; ch < 4; ch++) /* channel-major, as lp_sd_generate's latents_out */
+        for (int i = 0; i < PX; i++) lat[ch * PX + i] = x[i * 4 + ch];
+    lp_sd_graph_free(r.g);
+}
+
+static void count_step(void *ctx, int step, int steps) {
+    (void)step, (void)steps;
+    ++*(int *)ctx;
+}
+
+static void test_img2img(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const uint8_t *init,
+                         const lp_sd_config *tiny, const char *path) {
+    static float lat[NLAT], ref[NLAT], plain[NLAT];
+    static uint8_t rgb[W * H * 3], mask[W * H];
+    lp_error err = {0};
+    int steps_run = 0;
+    lp_sd_gen_params p = {.prompt = "a red cube", .width = W, .height = H, .steps = 5, .cfg = 1.0f,
+                          .sampler = LP_SD_SAMPLER_EULER, .seed = 9, .clip_skip = 1, .n_threads = 2, .init = init,
+                          .on_step = count_step, .step_ctx = &steps_run};
+    /* strengths: the steps floor(steps * strength) run, each equal to the restated pipeline */
+    const float strengths[] = {1.0f, 0.6f, 0.2f};
+    const int runs[] = {5, 3, 1};
+    for (int k = 0; k < 3; k++) {
+        p.strength = strengths[k], steps_run = 0;
+        CHECK(gen(w, tok, p, lat, rgb) == 0);
+        CHECK_MSG(steps_run == runs[k], "strength %g: %d steps run", (double)p.strength, steps_run);
+        ref_img2img(w, tok, &p, ref);
+        CHECK_MSG(!memcmp(lat, ref, sizeof lat), "image to image at strength %g != the restated pipeline",
+                  (double)p.strength);
+    }
+    memcpy(plain, lat, sizeof plain); /* strength 0.2 */
+    /* inpainting, 4-channel UNet: the left half repainted; everything kept; everything repainted */
+    for (int i = 0; i < W * H; i++) mask[i] = i % W < W / 2 - 4 ? 255 : 0; /* off the 8x8 blocks */
+    p.mask = mask, p.strength = 1.0f;
+    CHECK(gen(w, tok, p, lat, rgb) == 0);
+    ref_img2img(w, tok, &p, ref);
+    CHECK_MSG(!memcmp(lat, ref, sizeof lat), "inpainting != the restated pipeline");
+    memset(mask, 0, sizeof mask);
+    p.strength = 0.2f;
+    CHECK(gen(w, tok, p, lat, rgb) == 0);
+    ref_img2img(w, tok, &(lp_sd_gen_params){.prompt = p.prompt, .steps = 1, .strength = 0.0f, .init = init,
+                                            .mask = mask, .seed = p.seed, .n_threads = 2},
+                ref); /* no step: the init's latent */
+    CHECK_MSG(!memcmp(lat, ref, sizeof lat), "a mask keeping everything does not give the init's latent");
+    memset(mask, 255, sizeof mask);
+    CHECK(gen(w, tok, p, lat, rgb) == 0);
+    CHECK_MSG(!memcmp(lat, plain, sizeof lat), "a mask repainting everything != image to image");
+    /* refusals */
+    lp_sd_gen_params q = p;
+    q.strength = 0.1f; /* 0.5 step of 5 */
+    CHECK(lp_sd_generate(w, tok, &q, NULL, rgb, &err) == -1 && strstr(err.message, "runs no step"));
+    q.strength = 0.0f;
+    CHECK(lp_sd_generate(w, tok, &q, NULL, rgb, &err) == -1 && strstr(err.message, "strength"));
+    q = p, q.init = NULL;
+    CHECK(lp_sd_generate(w, tok, &q, NULL, rgb, &err) == -1 && strstr(err.message, "needs an init"));
+
+    /* a 9-channel inpainting UNet: [latent, mask, masked init's latent] in, as restated */
+    lp_sd_config nine = *tiny;
+    nine.unet_in = 9;
+    CHECK(lp_sd_synth_write(&nine, LP_ST_F16, 12, "sd-tiny-inpaint", path, &err) == 0);
+    lp_sd_model *m = lp_sd_model_load(path, &err);
+    lp_sd_weights *w9 = m ? lp_sd_weights_create(m, LP_F32, &err) : NULL;
+    lp_sd_model_free(m);
+    CHECK_MSG(w9 != NULL, "%s", err.message);
+    if (!w9) return;
+    for (int i = 0; i < W * H; i++) mask[i] = (i / W) < H / 2 - 3 ? 255 : 0;
+    p.strength = 1.0f;
+    CHECK(gen(w9, tok, p, lat, rgb) == 0);
+    ref_img2img(w9, tok, &p, ref);
+    CHECK_MSG(!memcmp(lat, ref, sizeof lat), "9-channel inpainting != the restated pipeline");
+    q = p, q.mask = NULL;
+    CHECK(lp_sd_generate(w9, tok, &q, NULL, rgb, &err) == -1 && strstr(err.message, "inpainting UNet"));
+    lp_sd_weights_free(w9);
 }
 
 int main(void) {
@@ -193,6 +341,8 @@ int main(void) {
         lp_sd_lora_free(b);
         unlink(lk), unlink(lc);
     }
+
+    test_img2img(w, tok, rgb[0], &tiny, path);
 
     /* sizes the UNet cannot take */
     p.width = 60;

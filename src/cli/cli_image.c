@@ -16,15 +16,17 @@
 #include "tools/sd_synth.h"
 
 bool cli_is_image_preset(const char *name) {
-    return !strcmp(name, "sd15") || !strcmp(name, "sd-tiny") || !strcmp(name, "sd15-lora") || !strcmp(name, "sd-tiny-lora");
+    return !strcmp(name, "sd15") || !strcmp(name, "sd-tiny") || !strcmp(name, "sd-tiny-inpaint") ||
+           !strcmp(name, "sd15-lora") || !strcmp(name, "sd-tiny-lora");
 }
 
 static void synth_image_usage(FILE *f) {
-    fprintf(f, "usage: loraplex synth --preset sd15|sd-tiny [--type f32|f16|bf16] [--seed N] -o OUT.safetensors\n"
+    fprintf(f, "usage: loraplex synth --preset sd15|sd-tiny|sd-tiny-inpaint [--type f32|f16|bf16] [--seed N] -o OUT.safetensors\n"
                "       loraplex synth --preset sd15-lora|sd-tiny-lora [--format F] [--rank R] [--seed N] -o OUT.safetensors\n"
                "  sd15     Stable Diffusion 1.5's shapes and tensor names (UNet 860M, text encoder 123M,\n"
                "           VAE 84M parameters), random weights; --type f16 for a 2.1 GB file\n"
-               "  sd-tiny  the same structure a few MB large, for tests\n"
+               "  sd-tiny  the same structure a few MB large, for tests (sd-tiny-inpaint: with the\n"
+               "           inpainting UNet's 9 input channels)\n"
                "  the vocabulary is CLIP's (49408 tokens; the tokenizer reads sd/clip-bpe-merges.txt)\n"
                "  *-lora   a random LoRA for that model, F32, rank R (default 4), in format F:\n"
                "           kohya (default: every linear and conv, 3x3 convs as LoCon, alpha = R/2),\n"
@@ -94,7 +96,12 @@ static void image_usage(FILE *f) {
             "  -p, --prompt TEXT    the prompt; several -p: one image each, in one batch\n"
             "  --batch N            N images in one UNet batch (prompts in turn; image b: seed + b)\n"
             "  -n, --negative TEXT  the negative prompt (default empty)\n"
-            "  -W, -H N             image size in pixels (default 512; multiples of 64 for SD 1.5)\n"
+            "  -W, -H N             image size in pixels (default: the init image's, else 512;\n"
+            "                       multiples of 64 for SD 1.5)\n"
+            "  --init PNG           image to image: start from this picture, encoded by the VAE\n"
+            "  --strength S         how much of the schedule reruns on it, (0, 1] (default 0.75)\n"
+            "  --mask PNG           inpainting (with --init): white (>= 128) pixels are repainted, the\n"
+            "                       rest kept; an inpainting UNet (9 input channels) needs it\n"
             "  --steps N            sampling steps (default 20)\n"
             "  --cfg S              classifier-free guidance scale (default 7.5; 1 = off)\n"
             "  --sampler NAME       euler, euler_a, ddim, dpm++2m, lcm (default euler)\n"
@@ -211,12 +218,40 @@ static void image_path(const char *out, int b, int n, char *buf, size_t cap) {
     else snprintf(buf, cap, "%s-%d", out, b);
 }
 
+/* --init (and --mask): the pictures, and the image size when -W / -H left it open (0) */
+static int read_init(const char *init_path, const char *mask_path, long *width, long *height, uint8_t **init,
+                     uint8_t **mask) {
+    lp_error err = {0};
+    int w, h, mw, mh;
+    uint8_t *m = NULL;
+    if (lp_png_read(init_path, (int64_t)4096 * 4096, init, &w, &h, &err)) return cli_fail("init", &err);
+    if ((*width && *width != w) || (*height && *height != h)) {
+        fprintf(stderr, "loraplex image: %s is %dx%d, not the %ldx%ld asked for (resize it first)\n", init_path, w, h,
+                *width ? *width : w, *height ? *height : h);
+        free(*init), *init = NULL;
+        return 1;
+    }
+    *width = w, *height = h;
+    if (!mask_path) return 0;
+    if (lp_png_read(mask_path, (int64_t)4096 * 4096, &m, &mw, &mh, &err) || mw != w || mh != h) {
+        if (m) fprintf(stderr, "loraplex image: mask %s is %dx%d, the init image %dx%d\n", mask_path, mw, mh, w, h);
+        else cli_fail("mask", &err);
+        free(m), free(*init), *init = NULL;
+        return 1;
+    }
+    for (int64_t i = 0; i < (int64_t)w * h; i++) m[i] = (uint8_t)((m[3 * i] + m[3 * i + 1] + m[3 * i + 2]) / 3);
+    *mask = m;
+    return 0;
+}
+
 int cli_image(int argc, char **argv) {
     const char *model = NULL, *prompts[LP_SD_MAX_IMAGES], *negative = "", *out = NULL, *noise_path = NULL;
     const char *lat_path = NULL, *merges = NULL, *lora_arg[LP_SD_MAX_ROW_LORAS], *image_lora[4 * LP_SD_MAX_IMAGES];
     int n_lora = 0, n_prompts = 0, n_image_lora = 0;
     long batch = 0;
-    long width = 512, height = 512, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
+    const char *init_path = NULL, *mask_path = NULL;
+    double strength = 0.75;
+    long width = 0, height = 0, steps = 20, seed = 1, clip_skip = 1, threads = lp_default_threads();
     double cfg = 7.5;
     int precision = -1; /* 0 f32, 1 w8a16, 2 w8a8; -1: f32, or a compiled file's own */
     int sampler = LP_SD_SAMPLER_EULER, scheduler = LP_SD_SCHED_DISCRETE;
@@ -248,6 +283,9 @@ int cli_image(int argc, char **argv) {
         else if (!strcmp(a, "-n") || !strcmp(a, "--negative")) negative = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--output")) out = v;
         else if (!strcmp(a, "--noise")) noise_path = v;
+        else if (!strcmp(a, "--init")) init_path = v;
+        else if (!strcmp(a, "--mask")) mask_path = v;
+        else if (!strcmp(a, "--strength")) { if (!cli_float(a, v, 0, 1, &strength)) return 2; }
         else if (!strcmp(a, "--latents-out")) lat_path = v;
         else if (!strcmp(a, "--merges")) merges = v;
         else if (!strcmp(a, "--lora")) {
@@ -287,6 +325,10 @@ int cli_image(int argc, char **argv) {
             return 2;
         }
     }
+    if (mask_path && !init_path) {
+        fprintf(stderr, "loraplex image: --mask needs --init (the picture to inpaint)\n");
+        return 2;
+    }
     if (!model || !n_prompts || !out) {
         fprintf(stderr, "loraplex image: -m MODEL, -p PROMPT and -o OUT are required (see --help)\n");
         return 2;
@@ -303,7 +345,10 @@ int cli_image(int argc, char **argv) {
     lp_error err = {0};
     int rc = 1;
     float *noise = NULL, *lat = NULL;
-    uint8_t *rgb = NULL;
+    uint8_t *rgb = NULL, *init = NULL, *mask = NULL;
+    if (init_path && read_init(init_path, mask_path, &width, &height, &init, &mask)) return 1;
+    if (!width) width = 512;
+    if (!height) height = 512;
     lp_sd_weights *w = NULL;
     lp_sd_row_loras uses = {0}, sets[LP_SD_MAX_IMAGES];
     const lp_sd_lora *owned[4 * LP_SD_MAX_IMAGES];
@@ -368,12 +413,7 @@ int cli_image(int argc, char **argv) {
     }
     const char *image_prompts[LP_SD_MAX_IMAGES];
     for (int b = 0; b < B; b++) image_prompts[b] = prompts[b % n_prompts];
-    int64_t nlat = (int64_t)4 * (height / 8) * (width / 8);
-    if (lp_sd_weights_config(w)->unet_in != 4) {
-        fprintf(stderr, "loraplex image: a %d-channel UNet (inpainting models are not supported yet)\n",
-                lp_sd_weights_config(w)->unet_in);
-        goto done;
-    }
+    int64_t nlat = (int64_t)lp_sd_weights_config(w)->vae_z * (height / 8) * (width / 8);
     if (noise_path) {
         char *data;
         size_t size;
@@ -402,7 +442,8 @@ int cli_image(int argc, char **argv) {
                            .negative = negative, .width = (int)width, .height = (int)height,
                            .steps = (int)steps, .cfg = (float)cfg, .sampler = sampler, .scheduler = scheduler,
                            .seed = (uint64_t)seed, .clip_skip = (int)clip_skip, .n_threads = (int)threads,
-                           .int8_activations = precision == 2, .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr};
+                           .int8_activations = precision == 2, .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr,
+                           .init = init, .strength = (float)strength, .mask = mask};
     if (lp_sd_generate(w, tok, &gp, lat, rgb, &err)) {
         cli_fail("image", &err);
         goto done;
@@ -424,7 +465,7 @@ int cli_image(int argc, char **argv) {
     fprintf(stderr, "loraplex: %d image%s in %.1f s\n", B, B > 1 ? "s" : "", lp_now_seconds() - pr.start);
     rc = 0;
 done:
-    free(noise), free(lat), free(rgb);
+    free(noise), free(lat), free(rgb), free(init), free(mask);
     for (int i = 0; i < uses.n; i++) lp_sd_lora_free((lp_sd_lora *)uses.use[i].lora);
     for (int i = 0; i < n_owned; i++) lp_sd_lora_free((lp_sd_lora *)owned[i]);
     lp_sd_weights_free(w);

@@ -1,4 +1,4 @@
-/* SD 1.x's text encoder, UNet and VAE decoder as graphs over the image ops
+/* SD 1.x's text encoder, UNet and VAE (decoder and encoder) as graphs over the image ops
  * (see sd_graph.h). The UNet and the decoder are op lists built once from
  * the configuration (the same walk as the layout's, sd_layout.c); the
  * graph's buffers are sized by walking those lists for the planned batch
@@ -23,7 +23,9 @@
 
 /* id: the module's index among the adapter targets (sd_lora.h), or -1 */
 typedef struct lin { lp_weight w; const float *b; int32_t id; } lin;                        /* [out][in], bias [out] or NULL */
-typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride, id; } cnv; /* [out][k][k][in] */
+/* [out][k][k][in]; pad 0 on a stride-2 conv: the VAE encoder's downsample, whose input is padded by one
+ * pixel on the right and bottom only (run_vae_down) */
+typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride, pad, id; } cnv;
 typedef struct nrm { const float *g, *b; } nrm;
 typedef struct res { nrm n1, n2; cnv c1, c2, skip; lin emb; bool has_skip; } res;
 typedef struct xf { nrm gn, ln1, ln2, ln3; cnv pin, pout; lin q1, k1, v1, o1, q2, k2, v2, o2, ff1, ff2; int32_t c; } xf;
@@ -33,7 +35,7 @@ typedef struct te_layer { nrm ln1, ln2; lin q, k, v, o, fc1, fc2; } te_layer;
 /* UNet ops; lvl is the resolution level the op reads (0 = full latent) */
 typedef enum { U_RES, U_XF, U_DOWN, U_UP, U_PUSH, U_CAT } uop_kind;
 typedef struct uop { uop_kind kind; int32_t lvl, i; } uop; /* i: into res/xf/conv arrays */
-typedef enum { V_RES, V_ATTN, V_UP } vop_kind;
+typedef enum { V_RES, V_ATTN, V_UP, V_DOWN } vop_kind;
 typedef struct vop { vop_kind kind; int32_t lvl, i; } vop; /* lvl: 0 = latent size, +1 per x2 */
 
 #define MAX_RES 64
@@ -73,6 +75,13 @@ struct lp_sd_weights {
     vattn va;
     vop vops[MAX_UOPS];
     int n_vops, n_vd, n_vr;
+    /* VAE encoder: conv_in, the down ops, norm_out, conv_out (mean and log-variance), quant_conv */
+    cnv e_in, e_out, quant, ed[MAX_CONV];
+    nrm e_norm;
+    res er[MAX_RES];
+    vattn ea;
+    vop eops[MAX_UOPS];
+    int n_eops, n_ed, n_er;
 };
 
 typedef struct conv_ctx {
@@ -173,7 +182,7 @@ static lin mk_lin(const lp_sd_weights *w, const char *p, int64_t out, int64_t in
 
 static cnv mk_conv(const lp_sd_weights *w, const char *p, int32_t cout, int32_t cin, int32_t k, int32_t stride) {
     return (cnv){.w = matrix(w, p, cout, (int64_t)k * k * cin), .b = W(w, "%s.bias", p), .cin = cin, .cout = cout,
-                 .k = k, .stride = stride, .id = lp_sd_target_find(&w->targets, p)};
+                 .k = k, .stride = stride, .pad = k / 2, .id = lp_sd_target_find(&w->targets, p)};
 }
 
 static nrm mk_norm(const lp_sd_weights *w, const char *p) {
@@ -331,6 +340,26 @@ static void build_unet(lp_sd_weights *w) {
     w->out_conv = mk_conv(w, cat2(p, U, "out.2"), c->unet_out, ch, 3, 1);
 }
 
+static vattn mk_vattn(const lp_sd_weights *w, const char *pre, int32_t c) {
+    char p[256];
+    return (vattn){.n = mk_norm(w, cat2(p, pre, "mid.attn_1.norm")),
+                   .q = mk_conv(w, cat2(p, pre, "mid.attn_1.q"), c, c, 1, 1),
+                   .k = mk_conv(w, cat2(p, pre, "mid.attn_1.k"), c, c, 1, 1),
+                   .v = mk_conv(w, cat2(p, pre, "mid.attn_1.v"), c, c, 1, 1),
+                   .o = mk_conv(w, cat2(p, pre, "mid.attn_1.proj_out"), c, c, 1, 1)};
+}
+
+/* the middle of either VAE half, at the latent size: res, attention, res */
+static int vae_mid(const lp_sd_weights *w, const char *pre, int32_t c, res *rs, int *n_res, vop *ops, int n_ops) {
+    char p[256];
+    rs[*n_res] = mk_res(w, cat2(p, pre, "mid.block_1"), c, c, 0);
+    ops[n_ops++] = (vop){.kind = V_RES, .lvl = 0, .i = (*n_res)++};
+    ops[n_ops++] = (vop){.kind = V_ATTN, .lvl = 0, .i = 0};
+    rs[*n_res] = mk_res(w, cat2(p, pre, "mid.block_2"), c, c, 0);
+    ops[n_ops++] = (vop){.kind = V_RES, .lvl = 0, .i = (*n_res)++};
+    return n_ops;
+}
+
 static void build_vae_decoder(lp_sd_weights *w) {
     const lp_sd_config *c = &w->cfg;
     const char *D = "first_stage_model.decoder.";
@@ -338,16 +367,8 @@ static void build_vae_decoder(lp_sd_weights *w) {
     int32_t ch = c->vae_ch, cur = ch * c->vae_mult[c->vae_levels - 1];
     w->post_quant = mk_conv(w, "first_stage_model.post_quant_conv", c->vae_z, c->vae_z, 1, 1);
     w->d_in = mk_conv(w, cat2(p, D, "conv_in"), cur, c->vae_z, 3, 1);
-    w->vr[w->n_vr] = mk_res(w, cat2(p, D, "mid.block_1"), cur, cur, 0);
-    w->vops[w->n_vops++] = (vop){.kind = V_RES, .lvl = 0, .i = w->n_vr++};
-    w->va = (vattn){.n = mk_norm(w, cat2(p, D, "mid.attn_1.norm")),
-                    .q = mk_conv(w, cat2(p, D, "mid.attn_1.q"), cur, cur, 1, 1),
-                    .k = mk_conv(w, cat2(p, D, "mid.attn_1.k"), cur, cur, 1, 1),
-                    .v = mk_conv(w, cat2(p, D, "mid.attn_1.v"), cur, cur, 1, 1),
-                    .o = mk_conv(w, cat2(p, D, "mid.attn_1.proj_out"), cur, cur, 1, 1)};
-    w->vops[w->n_vops++] = (vop){.kind = V_ATTN, .lvl = 0, .i = 0};
-    w->vr[w->n_vr] = mk_res(w, cat2(p, D, "mid.block_2"), cur, cur, 0);
-    w->vops[w->n_vops++] = (vop){.kind = V_RES, .lvl = 0, .i = w->n_vr++};
+    w->va = mk_vattn(w, D, cur);
+    w->n_vops = vae_mid(w, D, cur, w->vr, &w->n_vr, w->vops, w->n_vops);
     int lvl = 0;
     for (int l = c->vae_levels - 1; l >= 0; l--) {
         int32_t out = ch * c->vae_mult[l];
@@ -365,6 +386,35 @@ static void build_vae_decoder(lp_sd_weights *w) {
     }
     w->d_norm = mk_norm(w, cat2(p, D, "norm_out"));
     w->d_out = mk_conv(w, cat2(p, D, "conv_out"), c->vae_img, cur, 3, 1);
+}
+
+/* the layout's encoder walk (sd_layout.c), levels counted from the latent size */
+static void build_vae_encoder(lp_sd_weights *w) {
+    const lp_sd_config *c = &w->cfg;
+    const char *E = "first_stage_model.encoder.";
+    char p[256];
+    int32_t ch = c->vae_ch, cur = ch, z = c->vae_z, L = c->vae_levels;
+    w->e_in = mk_conv(w, cat2(p, E, "conv_in"), ch, c->vae_img, 3, 1);
+    for (int l = 0; l < L; l++) {
+        int32_t out = ch * c->vae_mult[l];
+        for (int r = 0; r < c->vae_res_blocks; r++) {
+            snprintf(p, sizeof p, "%sdown.%d.block.%d", E, l, r);
+            w->er[w->n_er] = mk_res(w, p, cur, out, 0);
+            w->eops[w->n_eops++] = (vop){.kind = V_RES, .lvl = L - 1 - l, .i = w->n_er++};
+            cur = out;
+        }
+        if (l + 1 < L) {
+            snprintf(p, sizeof p, "%sdown.%d.downsample.conv", E, l);
+            w->ed[w->n_ed] = mk_conv(w, p, cur, cur, 3, 2);
+            w->ed[w->n_ed].pad = 0;
+            w->eops[w->n_eops++] = (vop){.kind = V_DOWN, .lvl = L - 1 - l, .i = w->n_ed++};
+        }
+    }
+    w->ea = mk_vattn(w, E, cur);
+    w->n_eops = vae_mid(w, E, cur, w->er, &w->n_er, w->eops, w->n_eops);
+    w->e_norm = mk_norm(w, cat2(p, E, "norm_out"));
+    w->e_out = mk_conv(w, cat2(p, E, "conv_out"), 2 * z, cur, 3, 1);
+    w->quant = mk_conv(w, "first_stage_model.quant_conv", 2 * z, 2 * z, 1, 1);
 }
 
 /* A weights struct for c's layout with its tables allocated (data filled
@@ -402,6 +452,7 @@ static void weights_build(lp_sd_weights *w) {
     build_text_encoder(w);
     build_unet(w);
     build_vae_decoder(w);
+    build_vae_encoder(w);
 }
 
 lp_sd_weights *lp_sd_weights_create(const lp_sd_model *m, uint32_t weight_type, lp_error *err) {
@@ -590,6 +641,25 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
         }
     }
     s2 = imax(s2, n * vlvl_pixels(g, c->vae_levels - 1) * imax(c->vae_ch, c->vae_img));
+    /* the encoder: conv_in's output, its blocks, the padded inputs of its downsamples, the moments */
+    cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&w->e_in), (int64_t)conv_scratch_for(&w->e_out)));
+    s2 = imax(s2, n * vlvl_pixels(g, 0) * 2 * c->vae_z);
+    cur = c->vae_ch;
+    for (int i = 0; i < w->n_eops; i++) {
+        const vop *o = &w->eops[i];
+        int64_t px = n * vlvl_pixels(g, o->lvl);
+        if (o->kind == V_RES) {
+            const res *r = &w->er[o->i];
+            s2 = imax(s2, px * imax(r->c1.cin, r->c2.cout));
+            cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&r->c1), (int64_t)conv_scratch_for(&r->c2)));
+            cur = r->c2.cout;
+        } else if (o->kind == V_DOWN) {
+            s2 = imax(s2, n * (((int64_t)g->lat_h << o->lvl) + 1) * (((int64_t)g->lat_w << o->lvl) + 1) * cur);
+            cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->ed[o->i]));
+        } else {
+            s8 = imax(s8, 4 * px * cur);
+        }
+    }
     int64_t te_rows = n * c->te_ctx, xfc = c->unet_ch * 16; /* widest transformer: at most 16x */
     int nt = g->pool ? lp_threadpool_size(g->pool) : 1;
     int64_t attn_d = imax(imax(xfc, c->te_dim), (int64_t)c->vae_ch * c->vae_mult[c->vae_levels - 1]);
@@ -751,7 +821,7 @@ static void run_lin(lp_sd_graph *g, const lin *l, const float *x, int64_t rows, 
 
 static void run_conv(lp_sd_graph *g, const cnv *c, const float *x, int n, int h, int w, float *y) {
     lp_conv2d_shape s = {.n = n, .h = h, .w = w, .cin = c->cin, .cout = c->cout, .kh = c->k, .kw = c->k,
-                         .stride = c->stride, .pad = c->k / 2};
+                         .stride = c->stride, .pad = c->pad};
     lp_conv2d(&g->k, g->pool, &s, &c->w, c->b, x, y, g->conv_scratch);
     if (c->id >= 0 && g->n_lora_rows) {
         int64_t opx = (int64_t)lp_conv2d_out_h(&s) * lp_conv2d_out_w(&s);
@@ -965,7 +1035,67 @@ int lp_sd_unet(lp_sd_graph *g, const float *x, const float *t, const float *ctx,
     return 0;
 }
 
-/* ---- VAE decoder ---------------------------------------------------------------------------------------- */
+/* ---- VAE ------------------------------------------------------------------------------------------------ */
+
+/* the middle's attention: one head over every pixel, x [n][h*w][c] -> out (x + attention) */
+static void run_vattn(lp_sd_graph *g, const vattn *a, const float *x, float *out, int n, int h, int w, int64_t c) {
+    int64_t p = (int64_t)h * w;
+    float *q = g->e, *k = q + n * p * c, *v = k + n * p * c, *ao = v + n * p * c;
+    run_gn(g, &a->n, x, g->c, n, p, c, GN_EPS_XF, false);
+    run_conv(g, &a->q, g->c, n, h, w, q);
+    run_conv(g, &a->k, g->c, n, h, w, k);
+    run_conv(g, &a->v, g->c, n, h, w, v);
+    run_attn(g, q, k, v, ao, n, p, p, c, 1, false);
+    run_conv(g, &a->o, ao, n, h, w, out);
+    add(out, x, n * p * c);
+}
+
+/* the encoder's downsample: x [n][h][w][c] padded with a zero row below and a zero column on the right
+ * (into pad), then the 3x3 stride-2 conv without padding: out [n][h/2][w/2][c] */
+static void run_vae_down(lp_sd_graph *g, const cnv *cv, const float *x, float *pad, float *out, int n, int h, int w) {
+    int64_t c = cv->cin, row = (int64_t)(w + 1) * c;
+    for (int b = 0; b < n; b++) {
+        float *pb = pad + (int64_t)b * (h + 1) * row;
+        for (int y = 0; y < h; y++) {
+            memcpy(pb + y * row, x + ((int64_t)b * h + y) * w * c, sizeof(float) * (size_t)(w * c));
+            memset(pb + y * row + (int64_t)w * c, 0, sizeof(float) * (size_t)c);
+        }
+        memset(pb + (int64_t)h * row, 0, sizeof(float) * (size_t)row);
+    }
+    run_conv(g, cv, pad, n, h + 1, w + 1, out);
+}
+
+int lp_sd_vae_encode(lp_sd_graph *g, const float *img, int batch, float *z, lp_error *err) {
+    const lp_sd_weights *w = g->w;
+    const lp_sd_config *c = &w->cfg;
+    if (batch < 1 || batch > g->max_batch) return lp_fail(err, "VAE encoder: batch %d (1..%d)", batch, g->max_batch);
+    int n = batch, f = 1 << (c->vae_levels - 1);
+    float *cur = g->a, *nxt = g->b;
+    run_conv(g, &w->e_in, img, n, g->lat_h * f, g->lat_w * f, cur);
+    int32_t cc = w->e_in.cout;
+    for (int i = 0; i < w->n_eops; i++) {
+        const vop *o = &w->eops[i];
+        int hh = g->lat_h << o->lvl, ww = g->lat_w << o->lvl;
+        if (o->kind == V_RES) {
+            const res *r = &w->er[o->i];
+            run_res(g, r, cur, nxt, g->c, g->d, n, hh, ww, NULL, GN_EPS_XF);
+            cc = r->c2.cout;
+        } else if (o->kind == V_ATTN) {
+            run_vattn(g, &w->ea, cur, nxt, n, hh, ww, cc);
+        } else {
+            run_vae_down(g, &w->ed[o->i], cur, g->c, nxt, n, hh, ww);
+        }
+        float *tmp = cur;
+        cur = nxt, nxt = tmp;
+    }
+    int64_t px = (int64_t)g->lat_h * g->lat_w, zc = c->vae_z;
+    run_gn(g, &w->e_norm, cur, nxt, n, px, cc, GN_EPS_XF, true);
+    run_conv(g, &w->e_out, nxt, n, g->lat_h, g->lat_w, cur);
+    run_conv(g, &w->quant, cur, n, g->lat_h, g->lat_w, nxt); /* [n][px][mean | log-variance] */
+    for (int64_t i = 0; i < n * px; i++)
+        for (int64_t ch = 0; ch < zc; ch++) z[i * zc + ch] = nxt[i * 2 * zc + ch] * LP_SD_VAE_SCALE;
+    return 0;
+}
 
 int lp_sd_vae_decode(lp_sd_graph *g, const float *z, int batch, float *img, lp_error *err) {
     const lp_sd_weights *w = g->w;
@@ -986,16 +1116,8 @@ int lp_sd_vae_decode(lp_sd_graph *g, const float *z, int batch, float *img, lp_e
             const res *r = &w->vr[o->i];
             run_res(g, r, cur, nxt, g->c, g->d, n, hh, ww, NULL, GN_EPS_XF);
             cc = r->c2.cout;
-        } else if (o->kind == V_ATTN) { /* one head over every pixel */
-            const vattn *a = &w->va;
-            float *q = g->e, *k = q + n * p * cc, *v = k + n * p * cc, *ao = v + n * p * cc;
-            run_gn(g, &a->n, cur, g->c, n, p, cc, GN_EPS_XF, false);
-            run_conv(g, &a->q, g->c, n, hh, ww, q);
-            run_conv(g, &a->k, g->c, n, hh, ww, k);
-            run_conv(g, &a->v, g->c, n, hh, ww, v);
-            run_attn(g, q, k, v, ao, n, p, p, cc, 1, false);
-            run_conv(g, &a->o, ao, n, hh, ww, nxt);
-            add(nxt, cur, n * p * cc);
+        } else if (o->kind == V_ATTN) {
+            run_vattn(g, &w->va, cur, nxt, n, hh, ww, cc);
         } else {
             for (int b = 0; b < n; b++) lp_upsample_nearest2x(cur + b * p * cc, g->c + b * 4 * p * cc, hh, ww, cc);
             run_conv(g, &w->vd[o->i], g->c, n, 2 * hh, 2 * ww, nxt);

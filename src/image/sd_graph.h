@@ -1,6 +1,6 @@
-/* The three graphs of Stable Diffusion 1.x over the image ops, in float:
- * the CLIP text encoder, the UNet (one denoising step for a batch of
- * latents, each row its own timestep and context) and the VAE decoder.
+/* The graphs of Stable Diffusion 1.x over the image ops: the CLIP text
+ * encoder, the UNet (one denoising step for a batch of latents, each row
+ * its own timestep and context) and the VAE's decoder and encoder.
  *
  * lp_sd_weights converts a loaded checkpoint once (conv kernels repacked
  * to lp_conv2d's column order), to f32 or with int8 matrices. lp_sd_graph plans every
@@ -73,5 +73,9 @@ int lp_sd_unet(lp_sd_graph *g, const float *x, const float *t, const float *ctx,
  * first) -> img [batch][lat_h*f][lat_w*f][vae_img], f = 2^(VAE levels - 1),
  * values about [-1, 1]. */
 int lp_sd_vae_decode(lp_sd_graph *g, const float *z, int batch, float *img, lp_error *err);
+/* img [batch][lat_h*f][lat_w*f][vae_img] (values about [-1, 1]) -> z
+ * [batch][lat_h][lat_w][vae_z]: the mean of the encoder's latent
+ * distribution times 0.18215 (the mode, not a draw: deterministic). */
+int lp_sd_vae_encode(lp_sd_graph *g, const float *img, int batch, float *z, lp_error *err);
 
 #endif

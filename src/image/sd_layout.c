@@ -55,9 +55,12 @@ int lp_sd_config_check(const lp_sd_config *c, lp_error *err) {
     if (c->unet_ch % c->groups) return lp_fail(err, "UNet: %d channels, not a multiple of %d groups", c->unet_ch, c->groups);
     if (c->vae_levels < 1 || c->vae_levels > LP_SD_MAX_LEVELS || c->vae_res_blocks < 1 || c->vae_res_blocks > 8 ||
         c->vae_img < 1 || c->vae_img > 16 || c->vae_z < 1 || c->vae_z > 64 || c->vae_ch < 1 || c->vae_ch > 8192 ||
-        c->vae_z != c->unet_in || c->vae_ch % c->groups)
-        return lp_fail(err, "VAE: bad sizes (levels %d, res blocks %d, channels %d, latent %d for a %d-channel UNet)",
-                       c->vae_levels, c->vae_res_blocks, c->vae_ch, c->vae_z, c->unet_in);
+        (c->unet_in != c->vae_z && c->unet_in != 2 * c->vae_z + 1) || c->unet_out != c->vae_z ||
+        c->vae_ch % c->groups)
+        return lp_fail(err,
+                       "VAE: bad sizes (levels %d, res blocks %d, channels %d, latent %d for a UNet of %d channels "
+                       "in, %d out)",
+                       c->vae_levels, c->vae_res_blocks, c->vae_ch, c->vae_z, c->unet_in, c->unet_out);
     for (int l = 0; l < c->vae_levels; l++)
         if (c->vae_mult[l] < 1 || c->vae_mult[l] > 16 || ((int64_t)c->vae_ch * c->vae_mult[l]) % c->groups)
             return lp_fail(err, "VAE level %d: multiplier %d", l, c->vae_mult[l]);

@@ -1,5 +1,6 @@
 /* Text to image with SD 1.x: tokenize, encode the prompt (and the negative
- * prompt when guidance is on), sample the latent with the UNet, decode it.
+ * prompt when guidance is on), sample the latent with the UNet, decode it;
+ * image to image and inpainting from an init image the VAE encodes.
  * Classifier-free guidance runs the unconditional and the conditional rows
  * as one UNet batch of 2. Deterministic for a seed: the initial noise and
  * the ancestral samplers' noise come from lp_rng seeded with it. */
@@ -36,6 +37,19 @@ typedef struct lp_sd_gen_params {
     int batch;
     const char *const *prompts;
     const lp_sd_row_loras *image_loras;
+    /* image to image: init (width x height x 3 bytes, NULL: text to image)
+     * is encoded by the VAE (its mean) and noised to the sigma of step
+     * steps - floor(steps * strength); the sampler runs the steps from there
+     * (strength 1: every step, from the init's latent plus full noise) */
+    const uint8_t *init;
+    float strength;
+    /* inpainting (needs init): width x height bytes, >= 128 repaints the
+     * pixel. A 4-channel UNet keeps the latent outside the mask (each 8x8
+     * block's share) on the init's, noised to each step's sigma, and equal
+     * to it at the end; a 9-channel inpainting UNet (which needs a mask)
+     * takes [latent, mask, latent of the init with the masked pixels
+     * zeroed] as its input, as it was trained */
+    const uint8_t *mask;
     lp_sd_step_fn on_step;
     void *step_ctx;
 } lp_sd_gen_params;

@@ -12,7 +12,10 @@
 int lp_sd_synth_preset(const char *name, lp_sd_config *c, lp_error *err) {
     if (!strcmp(name, "sd15")) *c = lp_sd_config_sd15();
     else if (!strcmp(name, "sd-tiny")) *c = lp_sd_config_tiny();
-    else return lp_fail(err, "unknown image preset '%s' (sd15, sd-tiny)", name);
+    else if (!strcmp(name, "sd-tiny-inpaint")) { /* the inpainting UNet's input: latent, mask, masked image */
+        *c = lp_sd_config_tiny();
+        c->unet_in = 2 * c->vae_z + 1;
+    } else return lp_fail(err, "unknown image preset '%s' (sd15, sd-tiny, sd-tiny-inpaint)", name);
     return 0;
 }
 
