@@ -9,7 +9,8 @@
 # loraplex compile of the checkpoint and image on the compiled file;
 # --init / --strength (the steps a strength runs) and --mask (a white mask is
 # plain image to image, bit for bit), an inpainting (9-channel) checkpoint,
-# and the errors of a missing init, a mask or init of another size.
+# and the errors of a missing init, a mask or init of another size; a
+# diffusers folder (synth --layout diffusers) gives the single file's latents.
 set -u
 bin="$1"; models="$2"; work="$3/cli_image_tmp"
 mkdir -p "$work"
@@ -85,6 +86,12 @@ run --init "$work/a.png" --mask "$work/small.png" -o "$work/f.png"; rc=$?
 [ $rc -ne 0 ] && grep -q "small.png is 32x32" "$work/err" && ok || bad "mask of another size: rc=$rc $(cat "$work/err")"
 run --init "$work/small.png" -o "$work/f.png"; rc=$?
 [ $rc -ne 0 ] && grep -q "not the 64x32" "$work/err" && ok || bad "init of another size: rc=$rc $(cat "$work/err")"
+# the diffusers folder layout: the same tensors give the same latents; a missing part is named
+"$bin" synth --preset sd-tiny --type f16 --layout diffusers -o "$work/folder" 2>"$work/err" && [ -f "$work/folder/vae/diffusion_pytorch_model.safetensors" ] && ok || bad "synth --layout diffusers: $(cat "$work/err")"
+run --seed 3 -m "$work/folder" -o "$work/fo.png" --latents-out "$work/fo.lat" && cmp -s "$work/fo.lat" "$work/a.lat" && ok || bad "diffusers folder != single file: $(cat "$work/err")"
+mv "$work/folder/unet/diffusion_pytorch_model.safetensors" "$work/folder/unet/x"
+run -m "$work/folder" -o "$work/f.png"; rc=$?
+[ $rc -ne 0 ] && grep -q "unet/diffusion_pytorch_model.safetensors" "$work/err" && ok || bad "folder without its unet: rc=$rc $(cat "$work/err")"
 "$bin" synth --preset sd-tiny-inpaint -o "$work/inp.safetensors" 2>"$work/err" && ok || bad "synth inpaint: $(cat "$work/err")"
 run -m "$work/inp.safetensors" --init "$work/a.png" --mask "$work/half.png" --strength 1 -o "$work/n.png" && ok || bad "9-channel inpainting: $(cat "$work/err")"
 run -m "$work/inp.safetensors" -o "$work/f.png"; rc=$?

@@ -4,7 +4,11 @@
  * and shaped as the original checkpoint's; sd-tiny written in F32, F16 and
  * BF16 loads back with its configuration inferred from the file; copies with
  * a tensor missing, reshaped or of an integer dtype are rejected naming the
- * file and the tensor. */
+ * file and the tensor. The diffusers folder layout: sd-tiny and its
+ * 9-channel inpainting form written as a folder load with the same
+ * configuration and every tensor's bytes (16 of sd-tiny's names checked by
+ * hand against the mapping of diffusers' conversion script), the VAE attention's older
+ * names load the same, and a missing file or tensor is named. */
 #include "check.h"
 #include "formats/safetensors.h"
 #include "image/sd.h"
@@ -218,7 +222,126 @@ static void test_micro(void) {
     unlink(path);
 }
 
+/* every layout tensor of a and b: the same bytes */
+typedef struct same_ctx {
+    const lp_sd_model *a, *b;
+    int differ;
+} same_ctx;
+
+static int same_one(void *ctx, const lp_sd_tensor_desc *d) {
+    same_ctx *k = ctx;
+    const lp_st_tensor *x = lp_sd_model_tensor(k->a, d->name), *y = lp_sd_model_tensor(k->b, d->name);
+    k->differ += !x || !y || x->n_bytes != y->n_bytes || memcmp(x->data, y->data, x->n_bytes);
+    return 0;
+}
+
+/* dir's vae file again with the attention's older names (query, key, value, proj_attn) */
+static int older_vae_names(const char *dir) {
+    char path[256], out[256];
+    snprintf(path, sizeof path, "%s/vae/diffusion_pytorch_model.safetensors", dir);
+    snprintf(out, sizeof out, "%s/vae/new.safetensors", dir);
+    lp_error err = {0};
+    lp_safetensors *st = lp_safetensors_open(path, &err);
+    if (!st) return -1;
+    static const char *const map[][2] = {{".to_q.", ".query."}, {".to_k.", ".key."}, {".to_v.", ".value."},
+                                         {".to_out.0.", ".proj_attn."}};
+    char names[64][160];
+    int n = 0;
+    lp_st_writer *w = lp_st_writer_create();
+    for (size_t i = 0; i < lp_safetensors_count(st); i++) {
+        const lp_st_tensor *t = lp_safetensors_at(st, i);
+        const char *name = t->name;
+        for (size_t j = 0; j < 4 && n < 64; j++) {
+            const char *k = strstr(t->name, map[j][0]);
+            if (!k) continue;
+            snprintf(names[n], sizeof names[n], "%.*s%s%s", (int)(k - t->name), t->name, map[j][1], k + strlen(map[j][0]));
+            name = names[n++];
+        }
+        lp_st_writer_add(w, name, t->dtype, t->n_dims, t->shape, t->data, t->n_bytes);
+    }
+    int rc = lp_st_writer_write(w, out, &err) || rename(out, path) ? -1 : n;
+    lp_st_writer_free(w);
+    lp_safetensors_close(st);
+    return rc;
+}
+
+static void test_diffusers(void) {
+    char dir[] = "/tmp/lp_sd_diff_XXXXXX";
+    CHECK(mkdtemp(dir) != NULL);
+    char path[128], folder[128], cmd[512];
+    snprintf(path, sizeof path, "%s/tiny.safetensors", dir);
+    snprintf(folder, sizeof folder, "%s/tiny", dir);
+    lp_error err = {0};
+    static const char *const pairs[][2] = {
+        {"model.diffusion_model.input_blocks.1.0.in_layers.0.weight", "down_blocks.0.resnets.0.norm1.weight"},
+        {"model.diffusion_model.input_blocks.1.0.out_layers.3.bias", "down_blocks.0.resnets.0.conv2.bias"},
+        {"model.diffusion_model.input_blocks.1.1.proj_in.weight", "down_blocks.0.attentions.0.proj_in.weight"},
+        {"model.diffusion_model.input_blocks.2.0.op.weight", "down_blocks.0.downsamplers.0.conv.weight"},
+        {"model.diffusion_model.middle_block.2.emb_layers.1.weight", "mid_block.resnets.1.time_emb_proj.weight"},
+        {"model.diffusion_model.output_blocks.1.1.conv.weight", "up_blocks.0.upsamplers.0.conv.weight"},
+        {"model.diffusion_model.output_blocks.3.0.skip_connection.weight", "up_blocks.1.resnets.1.conv_shortcut.weight"},
+        {"model.diffusion_model.out.0.bias", "conv_norm_out.bias"},
+        {"model.diffusion_model.time_embed.2.weight", "time_embedding.linear_2.weight"},
+        {"cond_stage_model.transformer.text_model.final_layer_norm.weight", "text_model.final_layer_norm.weight"},
+        {"first_stage_model.encoder.down.1.downsample.conv.weight", "encoder.down_blocks.1.downsamplers.0.conv.weight"},
+        {"first_stage_model.encoder.mid.attn_1.norm.bias", "encoder.mid_block.attentions.0.group_norm.bias"},
+        {"first_stage_model.decoder.mid.attn_1.proj_out.weight", "decoder.mid_block.attentions.0.to_out.0.weight"},
+        {"first_stage_model.decoder.up.0.block.1.nin_shortcut.weight", "decoder.up_blocks.3.resnets.1.conv_shortcut.weight"},
+        {"first_stage_model.decoder.up.3.upsample.conv.bias", "decoder.up_blocks.0.upsamplers.0.conv.bias"},
+        {"first_stage_model.decoder.norm_out.weight", "decoder.conv_norm_out.weight"},
+    };
+    lp_sd_config tiny = lp_sd_config_tiny();
+    for (size_t i = 0; i < sizeof pairs / sizeof pairs[0]; i++) {
+        char dn[192] = "";
+        int part = lp_sd_diffusers_name(&tiny, pairs[i][0], dn, sizeof dn);
+        CHECK_MSG(part >= 0 && !strcmp(dn, pairs[i][1]), "%s -> %s (want %s)", pairs[i][0], dn, pairs[i][1]);
+    }
+    CHECK(lp_sd_diffusers_name(&tiny, "model.diffusion_model.input_blocks.1.0.in_layers.7.weight", (char[192]){0}, 192) == -1);
+    CHECK(lp_sd_diffusers_name(&tiny, "first_stage_model.decoder.up.4.block.0.conv1.weight", (char[192]){0}, 192) == -1);
+    lp_sd_config nine = tiny;
+    nine.unet_in = 9;
+    for (int k = 0; k < 2; k++) {
+        const lp_sd_config *c = k ? &nine : &tiny;
+        CHECK(lp_sd_synth_write(c, LP_ST_F16, 6, "sd-tiny", path, &err) == 0);
+        lp_sd_model *a = lp_sd_model_load(path, &err), *b = NULL;
+        CHECK_MSG(a && lp_sd_write_diffusers(a, folder, &err) == 0, "%s", err.message);
+        CHECK_MSG((b = lp_sd_model_load(folder, &err)) != NULL, "%s", err.message);
+        if (a && b) {
+            CHECK(same_config(lp_sd_model_config(b), c) && lp_sd_model_ignored(b) == 0);
+            same_ctx sc = {.a = a, .b = b};
+            lp_sd_layout(c, same_one, &sc);
+            CHECK_MSG(sc.differ == 0, "%d tensors differ", sc.differ);
+            const lp_st_tensor *q = lp_sd_model_tensor(b, "first_stage_model.encoder.mid.attn_1.q.weight");
+            CHECK(q && q->n_dims == 2); /* as diffusers keeps it */
+        }
+        lp_sd_model_free(b);
+        if (k == 0) { /* the older VAE attention names */
+            CHECK(older_vae_names(folder) == 16);
+            lp_sd_model *o = lp_sd_model_load(folder, &err);
+            CHECK_MSG(o != NULL, "%s", err.message);
+            same_ctx sc = {.a = a, .b = o};
+            if (o) lp_sd_layout(c, same_one, &sc);
+            CHECK(o && sc.differ == 0);
+            lp_sd_model_free(o);
+        }
+        lp_sd_model_free(a);
+    }
+    /* a tensor missing, a file missing: named */
+    char vae[256], tmp[272];
+    snprintf(vae, sizeof vae, "%s/vae/diffusion_pytorch_model.safetensors", folder);
+    snprintf(tmp, sizeof tmp, "%s.tmp", vae); /* not over the mapped file */
+    CHECK(copy_with(vae, tmp, "encoder.down_blocks.0.resnets.0.norm2.bias", NULL) == 0 && rename(tmp, vae) == 0);
+    CHECK(lp_sd_model_load(folder, &err) == NULL);
+    CHECK_MSG(strstr(err.message, "no tensor encoder.down_blocks.0.resnets.0.norm2.bias"), "%s", err.message);
+    unlink(vae);
+    CHECK(lp_sd_model_load(folder, &err) == NULL);
+    CHECK_MSG(strstr(err.message, "vae/diffusion_pytorch_model.safetensors"), "%s", err.message);
+    snprintf(cmd, sizeof cmd, "rm -rf '%s'", dir);
+    CHECK(system(cmd) == 0);
+}
+
 int main(void) {
+    test_diffusers();
     test_sd15_layout();
     test_micro();
     test_tiny_roundtrip();

@@ -21,12 +21,14 @@ bool cli_is_image_preset(const char *name) {
 }
 
 static void synth_image_usage(FILE *f) {
-    fprintf(f, "usage: loraplex synth --preset sd15|sd-tiny|sd-tiny-inpaint [--type f32|f16|bf16] [--seed N] -o OUT.safetensors\n"
+    fprintf(f, "usage: loraplex synth --preset sd15|sd-tiny|sd-tiny-inpaint [--type f32|f16|bf16] [--seed N]\n"
+               "                       [--layout single|diffusers] -o OUT.safetensors|OUT_DIR\n"
                "       loraplex synth --preset sd15-lora|sd-tiny-lora [--format F] [--rank R] [--seed N] -o OUT.safetensors\n"
                "  sd15     Stable Diffusion 1.5's shapes and tensor names (UNet 860M, text encoder 123M,\n"
                "           VAE 84M parameters), random weights; --type f16 for a 2.1 GB file\n"
                "  sd-tiny  the same structure a few MB large, for tests (sd-tiny-inpaint: with the\n"
                "           inpainting UNet's 9 input channels)\n"
+               "  --layout diffusers: a diffusers folder (text_encoder/, unet/, vae/) of the same tensors\n"
                "  the vocabulary is CLIP's (49408 tokens; the tokenizer reads sd/clip-bpe-merges.txt)\n"
                "  *-lora   a random LoRA for that model, F32, rank R (default 4), in format F:\n"
                "           kohya (default: every linear and conv, 3x3 convs as LoCon, alpha = R/2),\n"
@@ -35,7 +37,7 @@ static void synth_image_usage(FILE *f) {
 }
 
 int cli_synth_image(int argc, char **argv) {
-    const char *preset = NULL, *out = NULL, *format = "kohya";
+    const char *preset = NULL, *out = NULL, *format = "kohya", *layout = "single";
     lp_st_dtype dtype = LP_ST_F32;
     long seed = 1, rank = 4;
     for (int i = 1; i < argc; i++) {
@@ -50,7 +52,13 @@ int cli_synth_image(int argc, char **argv) {
         else if (!strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
         else if (!strcmp(a, "--rank")) { if (!cli_int(a, v, 1, 4096, &rank)) return 2; }
         else if (!strcmp(a, "--format")) format = v;
-        else if (!strcmp(a, "--type")) {
+        else if (!strcmp(a, "--layout")) {
+            if (strcmp(v, "single") && strcmp(v, "diffusers")) {
+                fprintf(stderr, "loraplex synth: --layout %s: single or diffusers\n", v);
+                return 2;
+            }
+            layout = v;
+        } else if (!strcmp(a, "--type")) {
             if (!strcmp(v, "f32")) dtype = LP_ST_F32;
             else if (!strcmp(v, "f16")) dtype = LP_ST_F16;
             else if (!strcmp(v, "bf16")) dtype = LP_ST_BF16;
@@ -79,7 +87,18 @@ int cli_synth_image(int argc, char **argv) {
         return 0;
     }
     if (lp_sd_synth_preset(preset, &c, &err)) return cli_fail("synth", &err);
-    if (lp_sd_synth_write(&c, dtype, (uint64_t)seed, preset, out, &err)) return cli_fail("synth", &err);
+    if (!strcmp(layout, "diffusers")) { /* the checkpoint, then its tensors again under diffusers names */
+        char tmp[4096];
+        snprintf(tmp, sizeof tmp, "%s.single.safetensors", out);
+        lp_sd_model *m = NULL;
+        int rc = lp_sd_synth_write(&c, dtype, (uint64_t)seed, preset, tmp, &err) || !(m = lp_sd_model_load(tmp, &err)) ||
+                 lp_sd_write_diffusers(m, out, &err);
+        lp_sd_model_free(m);
+        remove(tmp);
+        if (rc) return cli_fail("synth", &err);
+    } else if (lp_sd_synth_write(&c, dtype, (uint64_t)seed, preset, out, &err)) {
+        return cli_fail("synth", &err);
+    }
     lp_sd_counts n = lp_sd_layout_counts(&c);
     fprintf(stderr, "loraplex: wrote %s (%s, %lld tensors: text encoder %lld, UNet %lld, VAE %lld parameters)\n", out,
             lp_st_dtype_name(dtype), (long long)n.tensors, (long long)n.te, (long long)n.unet, (long long)n.vae);
@@ -91,8 +110,9 @@ int cli_synth_image(int argc, char **argv) {
 static void image_usage(FILE *f) {
     fprintf(f,
             "usage: loraplex image -m MODEL.safetensors -p PROMPT [options] -o OUT.png\n"
-            "  -m, --model PATH     SD 1.x single-file checkpoint (F32/F16/BF16 safetensors), or\n"
-            "                       one compiled by loraplex compile (memory-mapped)\n"
+            "  -m, --model PATH     SD 1.x single-file checkpoint (F32/F16/BF16 safetensors), a\n"
+            "                       diffusers folder (text_encoder/, unet/, vae/), or a model\n"
+            "                       compiled by loraplex compile (memory-mapped)\n"
             "  -p, --prompt TEXT    the prompt; several -p: one image each, in one batch\n"
             "  --batch N            N images in one UNet batch (prompts in turn; image b: seed + b)\n"
             "  -n, --negative TEXT  the negative prompt (default empty)\n"
@@ -113,7 +133,8 @@ static void image_usage(FILE *f) {
             "  --lora PATH[:SCALE]  a LoRA as a runtime input (Kohya, diffusers, PEFT or cloneofsimo\n"
             "                       safetensors), at SCALE (default 1); up to 8, applied in order\n"
             "  --image-lora B=PATH[:SCALE]  an adapter for image B only (0-based), after the --lora ones\n"
-            "  --merges FILE        CLIP merge list (default: sd/clip-bpe-merges.txt in shared/models)\n"
+            "  --merges FILE        CLIP merge list (default: a folder's tokenizer/merges.txt, else\n"
+            "                       sd/clip-bpe-merges.txt in shared/models)\n"
             "  --precision P        f32 (default), w8a16 (int8 weights per output channel, float\n"
             "                       activations) or w8a8 (int8 activations per pixel too);\n"
             "                       a compiled model: its weights' (default: as compiled)\n"
@@ -121,7 +142,11 @@ static void image_usage(FILE *f) {
             "  -o, --output PATH    the PNG to write (several images: PATH with -0, -1, ... before .png)\n");
 }
 
-static bool find_merges(char *out, size_t cap) {
+/* the merge list: a diffusers folder's tokenizer/merges.txt, else CLIP's in shared/models */
+static bool find_merges(const char *model, char *out, size_t cap) {
+    struct stat sb;
+    snprintf(out, cap, "%s/tokenizer/merges.txt", model);
+    if (stat(out, &sb) == 0) return true;
     const char *env = getenv("LORAPLEX_SHARED_MODELS");
     const char *dirs[] = {env, LP_SHARED_MODELS, "shared/models", "../shared/models", "../../shared/models"};
     for (size_t i = 0; i < sizeof dirs / sizeof dirs[0]; i++) {
@@ -335,7 +360,7 @@ int cli_image(int argc, char **argv) {
     }
     char merges_buf[1024];
     if (!merges) {
-        if (!find_merges(merges_buf, sizeof merges_buf)) {
+        if (!find_merges(model, merges_buf, sizeof merges_buf)) {
             fprintf(stderr, "loraplex image: no sd/clip-bpe-merges.txt in LORAPLEX_SHARED_MODELS or shared/models; "
                             "give --merges FILE\n");
             return 1;

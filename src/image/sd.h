@@ -73,10 +73,25 @@ bool lp_sd_tensor_w8(uint32_t weight_type, const lp_sd_tensor_desc *t, int64_t *
  * first dimension by the rest). */
 uint64_t lp_sd_tensor_bytes(uint32_t weight_type, const lp_sd_tensor_desc *t, bool *w8, int64_t *rows, int64_t *cols);
 
+/* ---- diffusers names ------------------------------------------------------------------------ */
+
+/* The three parts of a model, which are three files in the diffusers folder layout. */
+typedef enum { LP_SD_PART_TE = 0, LP_SD_PART_UNET = 1, LP_SD_PART_VAE = 2 } lp_sd_part;
+/* The diffusers (and transformers, for the text encoder) name of a
+ * checkpoint module ("model.diffusion_model.input_blocks.1.0.in_layers.2")
+ * or tensor (the same with ".weight" / ".bias") in c's layout: written to
+ * out, the part returned; -1 for a name outside the layout. The VAE's
+ * middle attention takes diffusers' newer names (to_q ... to_out.0). */
+int lp_sd_diffusers_module(const lp_sd_config *c, const char *ldm, char *out, size_t cap);
+int lp_sd_diffusers_name(const lp_sd_config *c, const char *ldm, char *out, size_t cap);
+
 /* ---- the single-file checkpoint ------------------------------------------------------------ */
 
 typedef struct lp_sd_model lp_sd_model;
-/* Opens a single-file SD 1.x safetensors checkpoint: infers the
+/* Opens a single-file SD 1.x safetensors checkpoint, or a diffusers folder
+ * (path/unet exists: text_encoder/model.safetensors, unet/ and vae/
+ * diffusion_pytorch_model.safetensors, each part's config.json for heads and
+ * groups; tensors found by lp_sd_diffusers_name, and named so in errors): infers the
  * configuration, then checks that every tensor of its layout is present
  * with its shape and an F32, F16 or BF16 dtype. Tensors outside the three
  * parts (model_ema.*, the schedule's buffers, position_ids) are ignored.
@@ -87,7 +102,8 @@ lp_sd_model *lp_sd_model_load(const char *path, lp_error *err);
 lp_sd_model *lp_sd_model_load_memory(const void *data, size_t size, const char *name, lp_error *err);
 void lp_sd_model_free(lp_sd_model *m);
 const lp_sd_config *lp_sd_model_config(const lp_sd_model *m);
-/* The tensor of that name in the file, or NULL. */
+/* The tensor of that checkpoint name (a folder's: under its diffusers
+ * name), or NULL. */
 const lp_st_tensor *lp_sd_model_tensor(const lp_sd_model *m, const char *name);
 /* Tensors of the file outside the layout (ignored). */
 int64_t lp_sd_model_ignored(const lp_sd_model *m);

@@ -67,6 +67,132 @@ int lp_sd_config_check(const lp_sd_config *c, lp_error *err) {
     return 0;
 }
 
+/* ---- diffusers names ---------------------------------------------------------------------------- */
+
+/* a ResBlock's ldm part name -> diffusers' */
+static const char *unet_res_rest(const char *r) {
+    static const char *const map[][2] = {{".in_layers.0", ".norm1"},
+                                         {".out_layers.0", ".norm2"},
+                                         {".in_layers.2", ".conv1"},
+                                         {".out_layers.3", ".conv2"},
+                                         {".emb_layers.1", ".time_emb_proj"},
+                                         {".skip_connection", ".conv_shortcut"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(r, map[i][0])) return map[i][1];
+    return NULL;
+}
+
+/* The diffusers name of a UNet module (s: the ldm name after
+ * "model.diffusion_model."): down_blocks.L.{resnets,attentions}.J,
+ * .downsamplers.0.conv, mid_block, up_blocks.I (I = levels - 1 - level). */
+static bool unet_diffusers(const lp_sd_config *c, const char *s, char *out, size_t cap) {
+    const int R = c->unet_res_blocks, L = c->unet_levels;
+    static const char *const fixed[][2] = {{"time_embed.0", "time_embedding.linear_1"},
+                                           {"time_embed.2", "time_embedding.linear_2"},
+                                           {"input_blocks.0.0", "conv_in"},
+                                           {"out.0", "conv_norm_out"},
+                                           {"out.2", "conv_out"}};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(s, fixed[i][0])) return snprintf(out, cap, "%s", fixed[i][1]) < (int)cap;
+    int n, m, len = 0;
+    const char *rr;
+    if (sscanf(s, "input_blocks.%d.%d%n", &n, &m, &len) == 2 && len > 0 && n >= 1) {
+        const char *rest = s + len;
+        int l = (n - 1) / (R + 1), j = (n - 1) % (R + 1);
+        if (j == R) return m == 0 && !strcmp(rest, ".op") && snprintf(out, cap, "down_blocks.%d.downsamplers.0.conv", l) < (int)cap;
+        if (m == 0) return (rr = unet_res_rest(rest)) && snprintf(out, cap, "down_blocks.%d.resnets.%d%s", l, j, rr) < (int)cap;
+        return m == 1 && snprintf(out, cap, "down_blocks.%d.attentions.%d%s", l, j, rest) < (int)cap;
+    }
+    if (sscanf(s, "middle_block.%d%n", &m, &len) == 1 && len > 0) {
+        const char *rest = s + len;
+        if (m == 1) return snprintf(out, cap, "mid_block.attentions.0%s", rest) < (int)cap;
+        return (m == 0 || m == 2) && (rr = unet_res_rest(rest)) && snprintf(out, cap, "mid_block.resnets.%d%s", m / 2, rr) < (int)cap;
+    }
+    if (sscanf(s, "output_blocks.%d.%d%n", &n, &m, &len) == 2 && len > 0 && n >= 0) {
+        const char *rest = s + len;
+        int i = n / (R + 1), j = n % (R + 1), level = L - 1 - i;
+        if (level < 0) return false;
+        if (!strcmp(rest, ".conv") && m == (c->unet_attn[level] ? 2 : 1))
+            return snprintf(out, cap, "up_blocks.%d.upsamplers.0.conv", i) < (int)cap;
+        if (m == 0) return (rr = unet_res_rest(rest)) && snprintf(out, cap, "up_blocks.%d.resnets.%d%s", i, j, rr) < (int)cap;
+        return m == 1 && snprintf(out, cap, "up_blocks.%d.attentions.%d%s", i, j, rest) < (int)cap;
+    }
+    return false;
+}
+
+/* a VAE ResnetBlock's or middle attention's ldm part -> diffusers' (the attention's newer names) */
+static const char *vae_rest(const char *r) {
+    static const char *const map[][2] = {{".norm1", ".norm1"},          {".conv1", ".conv1"},
+                                         {".norm2", ".norm2"},          {".conv2", ".conv2"},
+                                         {".nin_shortcut", ".conv_shortcut"}};
+    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
+        if (!strcmp(r, map[i][0])) return map[i][1];
+    return NULL;
+}
+
+/* The diffusers name of a VAE module (s: after "first_stage_model."):
+ * {encoder,decoder}.{conv_in,conv_norm_out,conv_out}, encoder.down_blocks.L,
+ * decoder.up_blocks.I (I = levels - 1 - level), mid_block.{resnets.0,
+ * attentions.0, resnets.1}, quant_conv, post_quant_conv. */
+static bool vae_diffusers(const lp_sd_config *c, const char *s, char *out, size_t cap) {
+    static const char *const fixed[][2] = {{"quant_conv", "quant_conv"},          {"post_quant_conv", "post_quant_conv"},
+                                           {"encoder.conv_in", "encoder.conv_in"}, {"encoder.norm_out", "encoder.conv_norm_out"},
+                                           {"encoder.conv_out", "encoder.conv_out"}, {"decoder.conv_in", "decoder.conv_in"},
+                                           {"decoder.norm_out", "decoder.conv_norm_out"},
+                                           {"decoder.conv_out", "decoder.conv_out"}};
+    static const char *const attn[][2] = {{"norm", "group_norm"}, {"q", "to_q"}, {"k", "to_k"}, {"v", "to_v"},
+                                          {"proj_out", "to_out.0"}};
+    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
+        if (!strcmp(s, fixed[i][0])) return snprintf(out, cap, "%s", fixed[i][1]) < (int)cap;
+    const char *half = !strncmp(s, "encoder.", 8) ? "encoder" : !strncmp(s, "decoder.", 8) ? "decoder" : NULL;
+    if (!half) return false;
+    s += 8;
+    int l, r, len = 0;
+    const char *rr;
+    if (!strncmp(s, "mid.attn_1.", 11)) {
+        for (size_t i = 0; i < sizeof attn / sizeof attn[0]; i++)
+            if (!strcmp(s + 11, attn[i][0]))
+                return snprintf(out, cap, "%s.mid_block.attentions.0.%s", half, attn[i][1]) < (int)cap;
+        return false;
+    }
+    if (sscanf(s, "mid.block_%d%n", &r, &len) == 1 && len > 0 && (r == 1 || r == 2))
+        return (rr = vae_rest(s + len)) && snprintf(out, cap, "%s.mid_block.resnets.%d%s", half, r - 1, rr) < (int)cap;
+    bool enc = half[0] == 'e';
+    if (sscanf(s, enc ? "down.%d%n" : "up.%d%n", &l, &len) != 1 || len <= 0 || l < 0 || l >= c->vae_levels)
+        return false;
+    s += len;
+    int i = enc ? l : c->vae_levels - 1 - l;
+    const char *blocks = enc ? "down_blocks" : "up_blocks";
+    if (!strcmp(s, enc ? ".downsample.conv" : ".upsample.conv"))
+        return snprintf(out, cap, "%s.%s.%d.%s.0.conv", half, blocks, i, enc ? "downsamplers" : "upsamplers") < (int)cap;
+    if (sscanf(s, ".block.%d%n", &r, &len) == 1 && len > 0)
+        return (rr = vae_rest(s + len)) && snprintf(out, cap, "%s.%s.%d.resnets.%d%s", half, blocks, i, r, rr) < (int)cap;
+    return false;
+}
+
+int lp_sd_diffusers_module(const lp_sd_config *c, const char *ldm, char *out, size_t cap) {
+    static const char te[] = "cond_stage_model.transformer.", unet[] = "model.diffusion_model.",
+                      vae[] = "first_stage_model.";
+    if (!strncmp(ldm, te, sizeof te - 1))
+        return snprintf(out, cap, "%s", ldm + sizeof te - 1) < (int)cap ? LP_SD_PART_TE : -1;
+    if (!strncmp(ldm, unet, sizeof unet - 1))
+        return unet_diffusers(c, ldm + sizeof unet - 1, out, cap) ? LP_SD_PART_UNET : -1;
+    if (!strncmp(ldm, vae, sizeof vae - 1))
+        return vae_diffusers(c, ldm + sizeof vae - 1, out, cap) ? LP_SD_PART_VAE : -1;
+    return -1;
+}
+
+int lp_sd_diffusers_name(const lp_sd_config *c, const char *ldm, char *out, size_t cap) {
+    const char *dot = strrchr(ldm, '.');
+    char module[160];
+    if (!dot || (size_t)(dot - ldm) >= sizeof module) return -1;
+    memcpy(module, ldm, (size_t)(dot - ldm));
+    module[dot - ldm] = 0;
+    int part = lp_sd_diffusers_module(c, module, out, cap);
+    size_t n = part < 0 ? 0 : strlen(out);
+    return part >= 0 && n + strlen(dot) < cap ? (memcpy(out + n, dot, strlen(dot) + 1), part) : -1;
+}
+
 /* ---- enumeration ----------------------------------------------------------------------------- */
 
 typedef struct emitter {

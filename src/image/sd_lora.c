@@ -23,54 +23,6 @@ typedef struct target_walk {
     lp_error *err;
 } target_walk;
 
-/* a ResBlock's ldm part name -> diffusers' */
-static const char *res_rest(const char *r) {
-    static const char *const map[][2] = {{".in_layers.2", ".conv1"},
-                                         {".out_layers.3", ".conv2"},
-                                         {".emb_layers.1", ".time_emb_proj"},
-                                         {".skip_connection", ".conv_shortcut"}};
-    for (size_t i = 0; i < sizeof map / sizeof map[0]; i++)
-        if (!strcmp(r, map[i][0])) return map[i][1];
-    return NULL;
-}
-
-/* The diffusers name of a UNet module (s: the ldm name after
- * "model.diffusion_model."): down_blocks.L.{resnets,attentions}.J,
- * .downsamplers.0.conv, mid_block, up_blocks.I (I = levels - 1 - level). */
-static bool unet_diffusers(const lp_sd_config *c, const char *s, char *out, size_t cap) {
-    const int R = c->unet_res_blocks, L = c->unet_levels;
-    static const char *const fixed[][2] = {{"time_embed.0", "time_embedding.linear_1"},
-                                           {"time_embed.2", "time_embedding.linear_2"},
-                                           {"input_blocks.0.0", "conv_in"},
-                                           {"out.2", "conv_out"}};
-    for (size_t i = 0; i < sizeof fixed / sizeof fixed[0]; i++)
-        if (!strcmp(s, fixed[i][0])) return snprintf(out, cap, "%s", fixed[i][1]) < (int)cap;
-    int n, m, len = 0;
-    const char *rr;
-    if (sscanf(s, "input_blocks.%d.%d%n", &n, &m, &len) == 2 && len > 0 && n >= 1) {
-        const char *rest = s + len;
-        int l = (n - 1) / (R + 1), j = (n - 1) % (R + 1);
-        if (j == R) return m == 0 && !strcmp(rest, ".op") && snprintf(out, cap, "down_blocks.%d.downsamplers.0.conv", l) < (int)cap;
-        if (m == 0) return (rr = res_rest(rest)) && snprintf(out, cap, "down_blocks.%d.resnets.%d%s", l, j, rr) < (int)cap;
-        return m == 1 && snprintf(out, cap, "down_blocks.%d.attentions.%d%s", l, j, rest) < (int)cap;
-    }
-    if (sscanf(s, "middle_block.%d%n", &m, &len) == 1 && len > 0) {
-        const char *rest = s + len;
-        if (m == 1) return snprintf(out, cap, "mid_block.attentions.0%s", rest) < (int)cap;
-        return (m == 0 || m == 2) && (rr = res_rest(rest)) && snprintf(out, cap, "mid_block.resnets.%d%s", m / 2, rr) < (int)cap;
-    }
-    if (sscanf(s, "output_blocks.%d.%d%n", &n, &m, &len) == 2 && len > 0 && n >= 0) {
-        const char *rest = s + len;
-        int i = n / (R + 1), j = n % (R + 1), level = L - 1 - i;
-        if (level < 0) return false;
-        if (!strcmp(rest, ".conv") && m == (c->unet_attn[level] ? 2 : 1))
-            return snprintf(out, cap, "up_blocks.%d.upsamplers.0.conv", i) < (int)cap;
-        if (m == 0) return (rr = res_rest(rest)) && snprintf(out, cap, "up_blocks.%d.resnets.%d%s", i, j, rr) < (int)cap;
-        return m == 1 && snprintf(out, cap, "up_blocks.%d.attentions.%d%s", i, j, rest) < (int)cap;
-    }
-    return false;
-}
-
 static int add_target(void *ctx, const lp_sd_tensor_desc *d) {
     target_walk *w = ctx;
     size_t n = strlen(d->name);
@@ -92,10 +44,7 @@ static int add_target(void *ctx, const lp_sd_tensor_desc *d) {
     if (n - 7 >= sizeof t->ldm) return lp_fail(w->err, "SD LoRA targets: name %s too long", d->name);
     memcpy(t->ldm, d->name, n - 7);
     t->ldm[n - 7] = 0;
-    bool ok = part == LP_SD_PART_TE
-                  ? snprintf(t->diffusers, sizeof t->diffusers, "%s", t->ldm + sizeof k_te - 1) < (int)sizeof t->diffusers
-                  : unet_diffusers(w->c, t->ldm + sizeof k_unet - 1, t->diffusers, sizeof t->diffusers);
-    if (!ok) return lp_fail(w->err, "SD LoRA targets: no diffusers name for %s", t->ldm);
+    if (lp_sd_diffusers_module(w->c, t->ldm, t->diffusers, sizeof t->diffusers) != part) return lp_fail(w->err, "SD LoRA targets: no diffusers name for %s", t->ldm);
     w->t->n++;
     return 0;
 }

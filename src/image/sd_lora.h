@@ -32,7 +32,6 @@
 #include "../base/base.h"
 #include "sd.h"
 
-typedef enum { LP_SD_PART_TE = 0, LP_SD_PART_UNET = 1 } lp_sd_part;
 
 /* One module an adapter may target. */
 typedef struct lp_sd_target {

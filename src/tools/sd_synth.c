@@ -3,11 +3,13 @@
  * tensors are generated and written in the same order. */
 #include "sd_synth.h"
 
+#include <errno.h>
 #include <math.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 int lp_sd_synth_preset(const char *name, lp_sd_config *c, lp_error *err) {
     if (!strcmp(name, "sd15")) *c = lp_sd_config_sd15();
@@ -169,4 +171,60 @@ int lp_sd_synth_write(const lp_sd_config *c, lp_st_dtype dtype, uint64_t seed, c
     if (fclose(f) && !rc) rc = lp_error_set(err, LP_ERR_IO, "%s: write failed", out_path);
     if (rc) remove(out_path);
     return rc ? -1 : 0;
+}
+
+/* ---- the diffusers folder ------------------------------------------------------------------------ */
+
+typedef struct diff_ctx {
+    const lp_sd_model *m;
+    lp_st_writer *w[3];
+    lp_error *err;
+} diff_ctx;
+
+static int add_diffusers(void *ctx, const lp_sd_tensor_desc *d) {
+    diff_ctx *k = ctx;
+    char dn[192];
+    int part = lp_sd_diffusers_name(lp_sd_model_config(k->m), d->name, dn, sizeof dn);
+    const lp_st_tensor *t = lp_sd_model_tensor(k->m, d->name);
+    if (part < 0 || !t) return lp_fail(k->err, "diffusers layout: no name for %s", d->name);
+    uint64_t shape[4];
+    uint32_t n = (uint32_t)d->n_dims;
+    for (uint32_t i = 0; i < n; i++) shape[i] = (uint64_t)d->shape[i];
+    if (part == LP_SD_PART_VAE && strstr(dn, ".attentions.0.to_") && strstr(dn, ".weight")) n = 2;
+    lp_st_writer_add(k->w[part], dn, t->dtype, n, shape, t->data, t->n_bytes);
+    return 0;
+}
+
+static int write_text(const char *path, const char *text, lp_error *err) {
+    FILE *f = fopen(path, "w");
+    if (!f) return lp_fail(err, "cannot write %s", path);
+    bool ok = fputs(text, f) >= 0;
+    return fclose(f) == 0 && ok ? 0 : lp_fail(err, "cannot write %s", path);
+}
+
+int lp_sd_write_diffusers(const lp_sd_model *m, const char *dir, lp_error *err) {
+    static const char *const sub[3] = {"text_encoder", "unet", "vae"};
+    static const char *const file[3] = {"model", "diffusion_pytorch_model", "diffusion_pytorch_model"};
+    const lp_sd_config *c = lp_sd_model_config(m);
+    char path[4096], json[256];
+    mkdir(dir, 0755);
+    diff_ctx k = {.m = m, .err = err};
+    int rc = 0;
+    for (int i = 0; i < 3; i++) k.w[i] = lp_st_writer_create();
+    if (!k.w[0] || !k.w[1] || !k.w[2]) rc = lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    if (!rc) rc = lp_sd_layout(c, add_diffusers, &k);
+    for (int i = 0; i < 3 && !rc; i++) {
+        snprintf(path, sizeof path, "%s/%s", dir, sub[i]);
+        if (mkdir(path, 0755) && errno != EEXIST) rc = lp_fail(err, "cannot create %s", path);
+        snprintf(path, sizeof path, "%s/%s/%s.safetensors", dir, sub[i], file[i]);
+        if (!rc) rc = lp_st_writer_write(k.w[i], path, err);
+        if (i == 0) snprintf(json, sizeof json, "{\"num_attention_heads\": %d}\n", c->te_heads);
+        else if (i == 1)
+            snprintf(json, sizeof json, "{\"attention_head_dim\": %d, \"norm_num_groups\": %d}\n", c->unet_heads, c->groups);
+        else snprintf(json, sizeof json, "{\"norm_num_groups\": %d}\n", c->groups);
+        snprintf(path, sizeof path, "%s/%s/config.json", dir, sub[i]);
+        if (!rc) rc = write_text(path, json, err);
+    }
+    for (int i = 0; i < 3; i++) lp_st_writer_free(k.w[i]);
+    return rc;
 }

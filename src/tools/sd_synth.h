@@ -15,7 +15,13 @@
 /* dtype: LP_ST_F32, LP_ST_F16 or LP_ST_BF16. */
 int lp_sd_synth_write(const lp_sd_config *c, lp_st_dtype dtype, uint64_t seed, const char *preset,
                       const char *out_path, lp_error *err);
-/* "sd15" or "sd-tiny" -> config; -1 (err lists them) otherwise. */
+/* A loaded model written again in the diffusers folder layout: dir/
+ * text_encoder/model.safetensors, unet/ and vae/ diffusion_pytorch_model
+ * .safetensors (the VAE attention's 1x1 convs as linears, as diffusers
+ * keeps them) and each part's config.json with what shapes cannot tell
+ * (heads, GroupNorm groups). The tensors' bytes are copied as they are. */
+int lp_sd_write_diffusers(const lp_sd_model *m, const char *dir, lp_error *err);
+/* "sd15", "sd-tiny" or "sd-tiny-inpaint" -> config; -1 (err lists them) otherwise. */
 int lp_sd_synth_preset(const char *name, lp_sd_config *c, lp_error *err);
 
 #endif
