@@ -190,6 +190,19 @@ static int read_into_huge(int fd, const char *path, size_t size, lp_mapped_file 
     return 0;
 }
 
+void lp_mapped_file_evict(const lp_mapped_file *f, const void *p, size_t n) {
+#if defined(__linux__) && defined(MADV_DONTNEED)
+    uintptr_t lo = (uintptr_t)f->data, hi = lo + f->size, a = (uintptr_t)p, b = a + n;
+    if (f->anon_bytes || !f->data || a < lo || b > hi || b <= a) return;
+    uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE);
+    a = (a + page - 1) & ~(page - 1), b &= ~(page - 1);
+    /* a private read-only file mapping: dropped pages come back from the file, never as zeros */
+    if (b > a) (void)madvise((void *)a, b - a, MADV_DONTNEED);
+#else
+    (void)f, (void)p, (void)n;
+#endif
+}
+
 int lp_load_file_huge(const char *path, lp_mapped_file *out, lp_error *err) {
     memset(out, 0, sizeof *out);
     int fd = open(path, O_RDONLY | O_CLOEXEC);

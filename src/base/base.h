@@ -64,6 +64,11 @@ int lp_map_file(const char *path, lp_mapped_file *out, lp_error *err);
  * to mapping in place where huge pages are off or the file is small. */
 int lp_load_file_huge(const char *path, lp_mapped_file *out, lp_error *err);
 void lp_unmap_file(lp_mapped_file *f);
+/* Drops the resident pages of [p, p + n) (the whole pages inside it) of a
+ * file mapped in place: memory freed now, read back from the file when
+ * touched again. A no-op for an anonymous copy, outside the mapping, or
+ * where the system has no such advice. */
+void lp_mapped_file_evict(const lp_mapped_file *f, const void *p, size_t n);
 
 /* Below this, files are not worth 2 MiB pages. */
 #define LP_HUGE_MIN ((size_t)4 << 20)

@@ -523,6 +523,22 @@ int lp_sd_weights_save(const lp_sd_weights *w, bool int8_activations, const char
 }
 
 uint32_t lp_sd_weights_type(const lp_sd_weights *w) { return w->wtype; }
+
+void lp_sd_weights_evict(const lp_sd_weights *w, int part) {
+    static const char *const prefix[3] = {"cond_stage_model.", "model.diffusion_model.", "first_stage_model."};
+    if (!w->map.data || part < 0 || part > 2) return;
+    const uint8_t *lo = NULL, *hi = NULL;
+    for (int64_t i = 0; i < w->n_tensors; i++) { /* a part's tensors lie together, in layout order */
+        if (strncmp(w->desc[i].name, prefix[part], strlen(prefix[part]))) continue;
+        bool w8;
+        int64_t rows, cols;
+        const uint8_t *p = w->data[i];
+        uint64_t n = lp_sd_tensor_bytes(w->wtype, &w->desc[i], &w8, &rows, &cols);
+        if (!lo || p < lo) lo = p;
+        if (!hi || p + n > hi) hi = p + n;
+    }
+    if (lo) lp_mapped_file_evict(&w->map, lo, (size_t)(hi - lo));
+}
 bool lp_sd_weights_int8_activations(const lp_sd_weights *w) { return w->int8_activations; }
 
 void lp_sd_weights_free(lp_sd_weights *w) {

@@ -34,6 +34,12 @@ lp_sd_weights *lp_sd_weights_open(const char *path, lp_error *err);
  * while the weights live); name is for messages. */
 lp_sd_weights *lp_sd_weights_open_memory(const void *data, size_t size, const char *name, lp_error *err);
 uint32_t lp_sd_weights_type(const lp_sd_weights *w);
+/* A compiled (memory-mapped) model's pages of one part (lp_sd_part) out of
+ * memory until touched again, when they are read back from the file; a
+ * no-op for converted weights. The pipeline drops the text encoder once the
+ * prompts are encoded and the UNet before decoding, so the peak holds the
+ * largest part and its activations, not every part at once. */
+void lp_sd_weights_evict(const lp_sd_weights *w, int part);
 /* A compiled file's activations (false for converted weights). */
 bool lp_sd_weights_int8_activations(const lp_sd_weights *w);
 /* Bytes the weights hold in f32 and in int8 matrices (scales included). */

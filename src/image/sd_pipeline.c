@@ -194,6 +194,7 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     }
     if (lp_sd_graph_set_loras(g, rl, rows, err)) goto done;
     if (lp_sd_text_encode(g, ids, rows, p->clip_skip, ctx, err)) goto done;
+    lp_sd_weights_evict(w, LP_SD_PART_TE);
     if (lp_sd_sigmas(sched, p->sampler, p->scheduler, p->steps, sigmas)) {
         lp_fail(err, "no schedule for %d steps", p->steps);
         goto done;
@@ -235,6 +236,7 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     if (lp_sd_sample(p->sampler, sigmas + start, p->steps - start, x, B * n, denoise, &d, &rng, scratch, p->on_step,
                      p->step_ctx, err))
         goto done;
+    lp_sd_weights_evict(w, LP_SD_PART_UNET);
     if (blend) { /* sigma 0: outside the mask, the init's latent itself */
         keep_unmasked(&d, x, 0.0, xb);
         memcpy(x, xb, sizeof(float) * (size_t)(B * n));
