@@ -6,7 +6,7 @@
  * unguided one-row run, which checks the cond/uncond rows of the batch;
  * the PNG decodes back to the same pixels; bad sizes are refused; a batch
  * of three images with their own prompts, seeds and adapters (euler and
- * dpm++2m; and euler with int8 weights, W8A16 and W8A8) equals each image
+ * dpm++2m, euler_a and lcm; and euler with int8 weights, W8A16 and W8A8) equals each image
  * generated alone, bit for bit; int8 weights stay within stated bounds of
  * f32 (final latent, image PSNR) for every sampler. Image to image and
  * inpainting (a 4-channel UNet with the latent blend, and a 9-channel
@@ -121,7 +121,7 @@ static void ref_img2img(const lp_sd_weights *w, const lp_clip_tokenizer *tok, co
     for (int ch = 0; ch < 4; ch++)
         for (int i = 0; i < PX; i++) noise[i * 4 + ch] = lp_rng_normal(&nr);
     for (int i = 0; i < PX * 4; i++) x[i] = z0[i] + noise[i] * (float)sig[start];
-    CHECK(lp_sd_sample(LP_SD_SAMPLER_EULER, sig + start, p->steps - start, x, PX * 4, ref_denoise, &r, &nr, scratch,
+    CHECK(lp_sd_sample(LP_SD_SAMPLER_EULER, sig + start, p->steps - start, x, PX * 4, ref_denoise, &r, &nr, 1, scratch,
                        NULL, NULL, &err) == 0);
     for (int i = 0; r.m && i < PX * 4; i++) x[i] = r.m[i / 4] * x[i] + (1.0f - r.m[i / 4]) * (z0[i] + 0.0f * noise[i]);
     for (int ch = 0; ch < 4; ch++) /* channel-major, as lp_sd_generate's latents_out */
@@ -315,11 +315,13 @@ int main(void) {
             const char *prompts[3] = {"a red cube", "a green cone", "a photo of <s1>"};
             static float blat[3][NLAT], one[NLAT];
             static uint8_t brgb[3][W * H * 3], orgb[W * H * 3];
-            /* euler and dpm++2m in f32; euler with int8 weights, W8A16 and W8A8 */
-            for (int s = 0; s < 4; s++) {
-                const lp_sd_weights *sw = s < 2 ? w : w8;
+            /* euler and dpm++2m in f32; euler with int8 weights, W8A16 and W8A8; the ancestral euler_a and
+             * lcm (their noise per image) */
+            for (int s = 0; s < 6; s++) {
+                const lp_sd_weights *sw = s == 2 || s == 3 ? w8 : w;
                 lp_sd_gen_params q = p;
-                q.sampler = s == 1 ? LP_SD_SAMPLER_DPMPP_2M : LP_SD_SAMPLER_EULER;
+                q.sampler = s == 1 ? LP_SD_SAMPLER_DPMPP_2M : s == 4 ? LP_SD_SAMPLER_EULER_A
+                          : s == 5 ? LP_SD_SAMPLER_LCM : LP_SD_SAMPLER_EULER;
                 q.int8_activations = s == 3;
                 q.seed = 40, q.batch = 3, q.prompts = prompts, q.image_loras = sets;
                 CHECK(gen(sw, tok, q, blat[0], brgb[0]) == 0);

@@ -62,7 +62,7 @@ static double ode_error(const lp_sd_schedule *s, int sampler, int scheduler, int
     lp_rng_seed(&r, 9);
     for (int i = 0; i < N; i++) x[i] = (float)(sg[0] * (noise[i] = lp_rng_normal(&r)));
     lp_error err = {0};
-    CHECK(lp_sd_sample(sampler, sg, steps, x, n, gauss_denoiser, &n, &r, scratch, NULL, NULL, &err) == 0);
+    CHECK(lp_sd_sample(sampler, sg, steps, x, n, gauss_denoiser, &n, &r, 1, scratch, NULL, NULL, &err) == 0);
     double k = sqrt(S2) * sg[0] / sqrt(S2 + sg[0] * sg[0]), e = 0, m = 0;
     for (int i = 0; i < N; i++) e = fmax(e, fabs(x[i] - k * noise[i])), m = fmax(m, fabs(k * noise[i]));
     return e / m;
@@ -78,7 +78,7 @@ static double ancestral_variance(const lp_sd_schedule *s, int sampler, int steps
     lp_rng_seed(&r, seed);
     for (int i = 0; i < N; i++) x[i] = (float)sg[0] * lp_rng_normal(&r);
     lp_error err = {0};
-    CHECK(lp_sd_sample(sampler, sg, steps, x, n, gauss_denoiser, &n, &r, scratch, NULL, NULL, &err) == 0);
+    CHECK(lp_sd_sample(sampler, sg, steps, x, n, gauss_denoiser, &n, &r, 1, scratch, NULL, NULL, &err) == 0);
     double v = 0;
     for (int i = 0; i < N; i++) v += (double)x[i] * x[i];
     *first = x[0];
@@ -142,7 +142,7 @@ int main(void) {
     lp_rng r;
     lp_rng_seed(&r, 1);
     lp_error err = {0};
-    CHECK(lp_sd_sample(LP_SD_SAMPLER_EULER, sg, 5, x, n, gauss_denoiser, &n, &r, scratch, count_step, &seen, &err) == 0);
+    CHECK(lp_sd_sample(LP_SD_SAMPLER_EULER, sg, 5, x, n, gauss_denoiser, &n, &r, 1, scratch, count_step, &seen, &err) == 0);
     CHECK(seen.calls == 5 && seen.last == 5);
     free(s);
     return check_summary("test_sd_sample");

@@ -226,14 +226,16 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
             for (int64_t i = 0; i < px; i++) nb[i * zc + ch] = p->noise ? p->noise[ch * px + i] : lp_rng_normal(&nr);
         for (int64_t i = 0; i < n; i++) xb0[i] = (p->init ? z0[i] : 0.0f) + nb[i] * (float)sigmas[start];
     }
-    lp_rng rng; /* the ancestral samplers' noise */
-    lp_rng_seed(&rng, p->seed);
-    for (int64_t i = 0; p->noise == NULL && i < n; i++) lp_rng_normal(&rng); /* past image 0's initial draws */
+    lp_rng rng[LP_SD_MAX_IMAGES]; /* the ancestral samplers' noise: image b's as its run alone draws it */
+    for (int b = 0; b < B; b++) {
+        lp_rng_seed(&rng[b], p->seed + (uint64_t)b);
+        for (int64_t i = 0; p->noise == NULL && i < n; i++) lp_rng_normal(&rng[b]); /* past its initial draws */
+    }
     bool blend = p->mask && !inpaint_unet;
     denoiser d = {.g = g, .sched = sched, .ctx = ctx, .images = B, .per = per, .cfg = p->cfg, .px = px, .zc = zc,
                   .uc = uc, .xin = xin, .eps = eps, .z0 = z0, .noise0 = noise0, .lmask = blend ? extra : NULL,
                   .xb = xb, .extra = inpaint_unet ? extra : NULL};
-    if (lp_sd_sample(p->sampler, sigmas + start, p->steps - start, x, B * n, denoise, &d, &rng, scratch, p->on_step,
+    if (lp_sd_sample(p->sampler, sigmas + start, p->steps - start, x, B * n, denoise, &d, rng, B, scratch, p->on_step,
                      p->step_ctx, err))
         goto done;
     lp_sd_weights_evict(w, LP_SD_PART_UNET);

@@ -30,10 +30,9 @@ typedef struct lp_sd_gen_params {
     lp_sd_row_loras loras;         /* adapters of both guidance rows (runtime inputs) */
     /* batch > 1: that many images in one UNet batch (2 rows each with
      * guidance); image b takes prompts[b] (NULL or a NULL entry: prompt),
-     * image_loras[b] (NULL: loras) and its initial noise from seed + b, so
-     * with euler, ddim or dpm++2m it is the image a run with that seed and
-     * those adapters alone makes, bit for bit (the ancestral samplers draw
-     * their noise over the whole batch) */
+     * image_loras[b] (NULL: loras), its initial noise and its ancestral
+     * samplers' noise from seed + b, so with any sampler it is the image a
+     * run with that seed and those adapters alone makes, bit for bit */
     int batch;
     const char *const *prompts;
     const lp_sd_row_loras *image_loras;

@@ -79,9 +79,16 @@ int lp_sd_sigmas(const lp_sd_schedule *s, int sampler, int scheduler, int steps,
     return 0;
 }
 
+/* x[j] += scale * a normal draw, segment k of the n_rng equal segments drawing from rng[k] */
+static void add_noise(float *x, int64_t n, double scale, lp_rng *rng, int n_rng) {
+    int64_t seg = n / n_rng;
+    for (int64_t j = 0; j < n; j++) x[j] += (float)scale * lp_rng_normal(&rng[j / seg]);
+}
+
 int lp_sd_sample(int sampler, const double *sigmas, int steps, float *x, int64_t n, lp_sd_denoise_fn fn, void *ctx,
-                 lp_rng *rng, float *scratch, lp_sd_step_fn on_step, void *step_ctx, lp_error *err) {
+                 lp_rng *rng, int n_rng, float *scratch, lp_sd_step_fn on_step, void *step_ctx, lp_error *err) {
     float *den = scratch, *old = scratch + n;
+    if (n_rng < 1 || n % n_rng) return lp_fail(err, "sampler: %lld floats in %d noise streams", (long long)n, n_rng);
     for (int i = 0; i < steps; i++) {
         double s = sigmas[i], sn = sigmas[i + 1];
         if (fn(ctx, x, s, den, err)) return -1;
@@ -99,8 +106,7 @@ int lp_sd_sample(int sampler, const double *sigmas, int steps, float *x, int64_t
             }
             double down = sqrt(sn * sn - up * up);
             for (int64_t j = 0; j < n; j++) x[j] = (float)(x[j] + (x[j] - den[j]) / s * (down - s));
-            if (up > 0)
-                for (int64_t j = 0; j < n; j++) x[j] += (float)up * lp_rng_normal(rng);
+            if (up > 0) add_noise(x, n, up, rng, n_rng);
             break;
         }
         case LP_SD_SAMPLER_DPMPP_2M: {
@@ -121,8 +127,7 @@ int lp_sd_sample(int sampler, const double *sigmas, int steps, float *x, int64_t
         }
         case LP_SD_SAMPLER_LCM:
             memcpy(x, den, sizeof(float) * (size_t)n);
-            if (sn > 0)
-                for (int64_t j = 0; j < n; j++) x[j] += (float)sn * lp_rng_normal(rng);
+            if (sn > 0) add_noise(x, n, sn, rng, n_rng);
             break;
         default:
             return lp_fail(err, "unknown sampler %d", sampler);

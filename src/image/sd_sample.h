@@ -49,8 +49,10 @@ typedef void (*lp_sd_step_fn)(void *ctx, int step, int steps);
 
 /* Runs `sampler` over sigmas[0..steps] on x (n floats, already scaled to
  * sigmas[0]), in place. scratch: 3 n floats. Ancestral samplers (euler_a,
- * lcm) draw their noise from rng. */
+ * lcm) draw their noise from rng[0..n_rng): x is n_rng equal segments (a
+ * batch's images), segment k drawing from rng[k], so an image's noise does
+ * not depend on the others in its batch. */
 int lp_sd_sample(int sampler, const double *sigmas, int steps, float *x, int64_t n, lp_sd_denoise_fn fn, void *ctx,
-                 lp_rng *rng, float *scratch, lp_sd_step_fn on_step, void *step_ctx, lp_error *err);
+                 lp_rng *rng, int n_rng, float *scratch, lp_sd_step_fn on_step, void *step_ctx, lp_error *err);
 
 #endif
