@@ -29,4 +29,13 @@ static void fuzz_sd_run(const lp_sd_weights *w, bool int8_activations) {
     lp_sd_graph_free(g);
 }
 
+/* a model the loader accepted: its weights converted and run as above, then both freed */
+static inline void fuzz_sd_model_run(lp_sd_model *m) {
+    lp_error err;
+    lp_sd_weights *w = lp_sd_weights_create(m, LP_F32, &err);
+    if (w) fuzz_sd_run(w, false);
+    lp_sd_weights_free(w);
+    lp_sd_model_free(m);
+}
+
 #endif

@@ -589,6 +589,28 @@ static size_t conv_scratch_for(const cnv *c) {
     return c->k == 1 && c->stride == 1 ? 0 : (size_t)256 * (size_t)(c->k * c->k) * (size_t)c->cin;
 }
 
+/* the largest buffers a VAE op list needs for n images, its first op reading cur channels: s2 (the
+ * activations), s8 (the middle attention's q k v o), cs (conv scratch) */
+static void size_vae_ops(const lp_sd_graph *g, const vop *ops, int n_ops, const res *rs, const cnv *cv, int64_t cur,
+                         int64_t n, int64_t *s2, int64_t *s8, size_t *cs) {
+    for (int i = 0; i < n_ops; i++) {
+        const vop *o = &ops[i];
+        int64_t px = n * vlvl_pixels(g, o->lvl);
+        if (o->kind == V_RES) {
+            const res *r = &rs[o->i];
+            *s2 = imax(*s2, px * imax(r->c1.cin, r->c2.cout));
+            *cs = (size_t)imax((int64_t)*cs, imax((int64_t)conv_scratch_for(&r->c1), (int64_t)conv_scratch_for(&r->c2)));
+            cur = r->c2.cout;
+        } else if (o->kind == V_ATTN) {
+            *s8 = imax(*s8, 4 * px * cur);
+        } else { /* x2 up (nearest, then the conv), or down (the input padded by one row and column) */
+            int64_t h = (int64_t)g->lat_h << o->lvl, w = (int64_t)g->lat_w << o->lvl;
+            *s2 = imax(*s2, o->kind == V_UP ? 4 * px * cur : n * (h + 1) * (w + 1) * cur);
+            *cs = (size_t)imax((int64_t)*cs, (int64_t)conv_scratch_for(&cv[o->i]));
+        }
+    }
+}
+
 lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h, int lat_w, int n_threads,
                                 lp_error *err) {
     const lp_sd_config *c = &w->cfg;
@@ -638,44 +660,12 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
             break;
         }
     }
-    cur = c->vae_ch * c->vae_mult[c->vae_levels - 1];
-    s2 = imax(s2, n * vlvl_pixels(g, 0) * cur);
-    s8 = imax(s8, 4 * n * vlvl_pixels(g, 0) * cur); /* the mid attention's q k v o */
-    cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->d_in));
-    cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->d_out));
-    for (int i = 0; i < w->n_vops; i++) {
-        const vop *o = &w->vops[i];
-        int64_t px = n * vlvl_pixels(g, o->lvl);
-        if (o->kind == V_RES) {
-            const res *r = &w->vr[o->i];
-            s2 = imax(s2, px * imax(r->c1.cin, r->c2.cout));
-            cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&r->c1), (int64_t)conv_scratch_for(&r->c2)));
-            cur = r->c2.cout;
-        } else if (o->kind == V_UP) {
-            s2 = imax(s2, 4 * px * cur);
-            cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->vd[o->i]));
-        }
-    }
-    s2 = imax(s2, n * vlvl_pixels(g, c->vae_levels - 1) * imax(c->vae_ch, c->vae_img));
-    /* the encoder: conv_in's output, its blocks, the padded inputs of its downsamples, the moments */
+    cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&w->d_in), (int64_t)conv_scratch_for(&w->d_out)));
     cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&w->e_in), (int64_t)conv_scratch_for(&w->e_out)));
-    s2 = imax(s2, n * vlvl_pixels(g, 0) * 2 * c->vae_z);
-    cur = c->vae_ch;
-    for (int i = 0; i < w->n_eops; i++) {
-        const vop *o = &w->eops[i];
-        int64_t px = n * vlvl_pixels(g, o->lvl);
-        if (o->kind == V_RES) {
-            const res *r = &w->er[o->i];
-            s2 = imax(s2, px * imax(r->c1.cin, r->c2.cout));
-            cs = (size_t)imax((int64_t)cs, imax((int64_t)conv_scratch_for(&r->c1), (int64_t)conv_scratch_for(&r->c2)));
-            cur = r->c2.cout;
-        } else if (o->kind == V_DOWN) {
-            s2 = imax(s2, n * (((int64_t)g->lat_h << o->lvl) + 1) * (((int64_t)g->lat_w << o->lvl) + 1) * cur);
-            cs = (size_t)imax((int64_t)cs, (int64_t)conv_scratch_for(&w->ed[o->i]));
-        } else {
-            s8 = imax(s8, 4 * px * cur);
-        }
-    }
+    s2 = imax(s2, n * vlvl_pixels(g, c->vae_levels - 1) * imax(c->vae_ch, c->vae_img));
+    s2 = imax(s2, n * vlvl_pixels(g, 0) * 2 * c->vae_z); /* the encoder's moments */
+    size_vae_ops(g, w->vops, w->n_vops, w->vr, w->vd, c->vae_ch * c->vae_mult[c->vae_levels - 1], n, &s2, &s8, &cs);
+    size_vae_ops(g, w->eops, w->n_eops, w->er, w->ed, c->vae_ch, n, &s2, &s8, &cs);
     int64_t te_rows = n * c->te_ctx, xfc = c->unet_ch * 16; /* widest transformer: at most 16x */
     int nt = g->pool ? lp_threadpool_size(g->pool) : 1;
     int64_t attn_d = imax(imax(xfc, c->te_dim), (int64_t)c->vae_ch * c->vae_mult[c->vae_levels - 1]);

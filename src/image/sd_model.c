@@ -6,7 +6,6 @@
 #include "sd.h"
 
 #include <cjson/cJSON.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -273,15 +272,6 @@ static int32_t config_int(const char *dir, const char *sub, const char *key, int
     return r;
 }
 
-__attribute__((format(printf, 2, 3))) static const lp_st_tensor *dfind(const lp_safetensors *st, const char *fmt, ...) {
-    char name[192];
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(name, sizeof name, fmt, ap);
-    va_end(ap);
-    return lp_safetensors_find(st, name);
-}
-
 /* the UNet's and the VAE's sizes from diffusers names (the text encoder's are transformers', read as in a
  * checkpoint) */
 static int infer_diffusers(const source *s, const char *path, lp_sd_config *c, lp_error *err) {
@@ -295,26 +285,26 @@ static int infer_diffusers(const source *s, const char *path, lp_sd_config *c, l
     c->context_dim = (int32_t)k->shape[1];
     const lp_st_tensor *t;
     for (c->unet_levels = 0; c->unet_levels < LP_SD_MAX_LEVELS &&
-                             (t = dfind(u, "down_blocks.%d.resnets.0.conv2.weight", c->unet_levels));
+                             (t = find(u, "down_blocks.%d.resnets.0.conv2.weight", c->unet_levels, 0));
          c->unet_levels++) {
         if (t->n_dims != 4 || t->shape[0] % (uint64_t)c->unet_ch)
             return lp_fail(err, "%s: UNet down_blocks.%d: %llu channels", path, c->unet_levels,
                            (unsigned long long)t->shape[0]);
         c->unet_mult[c->unet_levels] = (int32_t)(t->shape[0] / (uint64_t)c->unet_ch);
-        c->unet_attn[c->unet_levels] = dfind(u, "down_blocks.%d.attentions.0.proj_in.weight", c->unet_levels) != NULL;
+        c->unet_attn[c->unet_levels] = find(u, "down_blocks.%d.attentions.0.proj_in.weight", c->unet_levels, 0) != NULL;
     }
-    for (c->unet_res_blocks = 0; c->unet_res_blocks < 8 && dfind(u, "down_blocks.0.resnets.%d.conv1.weight", c->unet_res_blocks);)
+    for (c->unet_res_blocks = 0; c->unet_res_blocks < 8 && find(u, "down_blocks.0.resnets.%d.conv1.weight", c->unet_res_blocks, 0);)
         c->unet_res_blocks++;
     c->vae_ch = (int32_t)vin->shape[0], c->vae_img = (int32_t)vin->shape[1], c->vae_z = (int32_t)z->shape[0];
     for (c->vae_levels = 0; c->vae_levels < LP_SD_MAX_LEVELS &&
-                            (t = dfind(v, "encoder.down_blocks.%d.resnets.0.conv2.weight", c->vae_levels));
+                            (t = find(v, "encoder.down_blocks.%d.resnets.0.conv2.weight", c->vae_levels, 0));
          c->vae_levels++) {
         if (t->n_dims != 4 || t->shape[0] % (uint64_t)c->vae_ch)
             return lp_fail(err, "%s: VAE encoder.down_blocks.%d: %llu channels", path, c->vae_levels,
                            (unsigned long long)t->shape[0]);
         c->vae_mult[c->vae_levels] = (int32_t)(t->shape[0] / (uint64_t)c->vae_ch);
     }
-    for (c->vae_res_blocks = 0; c->vae_res_blocks < 8 && dfind(v, "encoder.down_blocks.0.resnets.%d.conv1.weight", c->vae_res_blocks);)
+    for (c->vae_res_blocks = 0; c->vae_res_blocks < 8 && find(v, "encoder.down_blocks.0.resnets.%d.conv1.weight", c->vae_res_blocks, 0);)
         c->vae_res_blocks++;
     return 0;
 }
