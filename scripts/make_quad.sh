@@ -21,8 +21,14 @@
 #
 #   scripts/make_quad.sh                      # everything (long on 2 cores)
 #   TASKS="correct translate" STEPS=30 scripts/make_quad.sh   # a subset
+#   BITS=4 STEPS4=300 scripts/make_quad.sh    # redo the int4 half only
 #
-# Environment: BUILD (build dir, default build), TASKS (adapters fitted and
+# Each bit width's half of the table (its profile choice, sections, ninth-adapter
+# rows and fit times) is kept in logs/ with the settings that made it; table.md is
+# assembled from the halves there, so a run over one width keeps the other's.
+#
+# Environment: BUILD (build dir, default build), BITS (profile widths made,
+# fitted and evaluated, default "8 4"), TASKS (adapters fitted and
 # evaluated; the profiles always rank all eight), STEPS (quad fit steps,
 # default 60), STEPS4 (the int4 fits' steps, default STEPS: at int4 the
 # held-out loss still falls past 100 steps), BATCH (8), SEQ (128), LR (2e-4), KD (0.5), SEED (1), CALIB_N
@@ -43,7 +49,7 @@ all="correct style-formal style-polite style-jovial style-terse summary reply tr
 tasks="${TASKS:-$all}"
 steps="${STEPS:-60}"; steps4="${STEPS4:-$steps}"; batch="${BATCH:-8}"; seq="${SEQ:-128}"; lr="${LR:-2e-4}"; kd="${KD:-0.5}"
 seed="${SEED:-1}"; calibn="${CALIB_N:-16}"; threads="${THREADS:-2}"
-seed2="${EVAL_SEED2:-2}"; holdout="${HOLDOUT:-32}"; actcalib="${ACT_CALIB:-mse}"; ota_steps="${OTA_STEPS:-300}"
+bitset="${BITS:-8 4}"; seed2="${EVAL_SEED2:-2}"; holdout="${HOLDOUT:-32}"; actcalib="${ACT_CALIB:-mse}"; ota_steps="${OTA_STEPS:-300}"
 evalmax=${EVAL_MAX:+--max $EVAL_MAX}
 mkdir -p "$out/logs" "$out/ota" "$work"
 log="$out/logs"
@@ -59,7 +65,7 @@ list=$(for t in $all; do printf '%s=%s,' "$t" "$demo/adapters/$t.lpa"; done); li
 
 # ---- profiles: the rule's choice, and both strategies forced ----------------------------
 declare -A qss chosen
-for bits in 8 4; do
+for bits in $bitset; do
   for strat in auto anchor fallback; do
     p="$work/p$bits-$strat.lpq"
     extra=()
@@ -73,8 +79,9 @@ for bits in 8 4; do
     grep -q -- "-> anchor" "$log/profile-int$bits-auto.txt" && chosen[$bits]=anchor || chosen[$bits]=fallback
   done
 done
-cp "$work/p8-${chosen[8]}.lpq" "$out/shared.lpq"
-cp "$work/p4-${chosen[4]}.lpq" "$out/shared-int4.lpq"
+for bits in $bitset; do
+  cp "$work/p$bits-${chosen[$bits]}.lpq" "$out/$([ "$bits" = 8 ] && echo shared || echo shared-int$bits).lpq"
+done
 
 # ---- evaluation ---------------------------------------------------------------------------
 # em_chrf MODEL TASK ADAPTER [--profile P] -> "EM chrF" on both splits (4 numbers)
@@ -100,26 +107,8 @@ fit() { # bits strategy task deploy-or-empty out [train.jsonl [adapter]]
     --data "${6:-$T/$3.train.jsonl}" --holdout "$holdout" --steps "$([ "$1" = 4 ] && echo "$steps4" || echo "$steps")" --batch "$batch" --seq "$seq" \
     --lr "$lr" --kd-weight "$kd" --seed "$seed" --eval-every 20 --threads "$threads" -o "$5" \
     2>"$log/fit-$3-int$1-$2${4:+-w4a8}.log"
-  echo "$3 int$1 $2${4:+ w4a8}: $(( $(date +%s) - t0 )) s" >> "$log/fit-times.txt"
+  echo "$3 int$1 $2${4:+ w4a8}: $(( $(date +%s) - t0 )) s" >> "$log/fit-times-int$1.txt"
 }
-
-: > "$log/fit-times.txt"
-table="$out/table.md"
-{
-  echo "# QUAD on the demo adapters"
-  echo
-  echo "Made by \`scripts/make_quad.sh\` (STEPS=$steps STEPS4=$steps4 BATCH=$batch SEQ=$seq LR=$lr KD=$kd SEED=$seed"
-  echo "CALIB_N=$calibn HOLDOUT=$holdout ACT_CALIB=$actcalib EVAL_SEED2=$seed2${WORLD_SEED:+ WORLD_SEED=$WORLD_SEED}${EVAL_MAX:+ EVAL_MAX=$EVAL_MAX})."
-  echo "Cells: exact match % / chrF (relative to the FP32 adapter on the f32 base), on the committed"
-  echo "world's eval split and on the eval split of the world drawn with seed $seed2 (same held-out"
-  echo "meanings, other sentences). QSS: mean JS divergence (nats), own PTQ encodings."
-  echo "W4A8: the base compiled \`--weights q4c --no-fuse\`, the adapter fitted with it as the student."
-  echo "Each fit keeps its step of least held-out loss (the last $holdout train records, never trained on)."
-  for bits in 8 4; do
-    echo
-    echo "int$bits profile, rule's choice: **${chosen[$bits]}** ($(grep '^rule:' "$log/profile-int$bits-auto.txt"))"
-  done
-} > "$table"
 
 header() { # title
   echo
@@ -128,7 +117,15 @@ header() { # title
   echo "| adapter | QSS | FP32 | independent PTQ | shared, no KD | shared + KD | shared + KD, W4A8 base |"
   echo "|---|---|---|---|---|---|---|"
 }
-for bits in 8 4; do
+for bits in $bitset; do
+  part="$log/table-int$bits.md"
+  : > "$log/fit-times-int$bits.txt"
+  {
+    echo
+    echo "int$bits: made by \`scripts/make_quad.sh\` (STEPS=$([ "$bits" = 4 ] && echo "$steps4" || echo "$steps") BATCH=$batch SEQ=$seq LR=$lr KD=$kd SEED=$seed"
+    echo "CALIB_N=$calibn HOLDOUT=$holdout ACT_CALIB=$actcalib EVAL_SEED2=$seed2${WORLD_SEED:+ WORLD_SEED=$WORLD_SEED}${EVAL_MAX:+ EVAL_MAX=$EVAL_MAX});"
+    echo "profile, rule's choice: **${chosen[$bits]}** ($(grep '^rule:' "$log/profile-int$bits-auto.txt"))"
+  } > "$part"
   for strat in anchor fallback; do
     rows1="$work/rows1"; rows2="$work/rows2"; : > "$rows1"; : > "$rows2"
     for t in $tasks; do
@@ -152,7 +149,7 @@ for bits in 8 4; do
       fi
     done
     { header "int$bits, $strat (eval split: committed world)"; cat "$rows1";
-      header "int$bits, $strat (eval split: world seed $seed2)"; cat "$rows2"; } >> "$table"
+      header "int$bits, $strat (eval split: world seed $seed2)"; cat "$rows2"; } >> "$part"
   done
 done
 
@@ -167,9 +164,39 @@ if [ ! -f "$out/ota/$ota.lpa" ]; then
     --batch 16 --seq 128 --pack --lr 2e-3 --min-lr 2e-4 --warmup 20 --wd 0 --clip 1.0 --seed "$seed" \
     --threads "$threads" --eval-every 0 --log-every 50 --steps "$ota_steps" -o "$work/$ota" 2>"$log/ota-train.log"
   "$bin" adapter compile "$work/$ota" --base "$demo/base.gguf" -o "$out/ota/$ota.lpa" >/dev/null 2>&1
-  echo "$ota FP32 training ($ota_steps steps): $(( $(date +%s) - t0 )) s" >> "$log/fit-times.txt"
+  echo "$ota FP32 training ($ota_steps steps): $(( $(date +%s) - t0 )) s" >> "$log/ota-time.txt"
 fi
+for bits in $bitset; do
+  strat=${chosen[$bits]}
+  a="$out/ota/$ota.lpa"
+  fp=$(em_chrf "$demo/base.gguf" "$ota" "$a")
+  "$bin" adapter compile "$a" --base "$demo/base.gguf" --dtype "i$bits" -o "$work/$ota-i$bits.lpa" >/dev/null 2>&1
+  ind=$(em_chrf "$demo/base.gguf" "$ota" "$work/$ota-i$bits.lpa")
+  "$bin" quad ptq --base "$demo/base.gguf" --profile "$work/p$bits-$strat.lpq" --adapter "$a" -o "$work/$ota-ptq$bits.lpa" 2>/dev/null
+  ptq=$(em_chrf "$demo/base.gguf" "$ota" "$work/$ota-ptq$bits.lpa" --profile "$work/p$bits-$strat.lpq")
+  sfx=$([ "$bits" = 8 ] && echo "" || echo ".int$bits")
+  fit "$bits" "$strat" "$ota" "" "$out/ota/$ota$sfx.quad.lpa" "$T/$ota.train.jsonl" "$a"
+  kdr=$(em_chrf "$demo/base.gguf" "$ota" "$out/ota/$ota$sfx.quad.lpa" --profile "$work/p$bits-$strat.lpq")
+  fit "$bits" "$strat" "$ota" "$work/q4c.lpx" "$work/$ota-kdw$bits.lpa" "$T/$ota.train.jsonl" "$a"
+  kdw=$(em_chrf "$work/q4c.lpx" "$ota" "$work/$ota-kdw$bits.lpa" --profile "$work/p$bits-$strat.lpq")
+  f=($fp)
+  for sp in 0 1; do
+    echo "| int$bits $strat (split $((sp ? seed2 : 1))) | ${f[$((2 * sp))]} / ${f[$((2 * sp + 1))]} | $(cell "$ind" "$fp" $sp) | $(cell "$ptq" "$fp" $sp) | $(cell "$kdr" "$fp" $sp) | $(cell "$kdw" "$fp" $sp) |"
+  done > "$log/table-ota-int$bits.md"
+done
+
+# ---- table.md from both halves (this run's, and the other width's last run) ---------------
+table="$out/table.md"
 {
+  echo "# QUAD on the demo adapters"
+  echo
+  echo "Made by \`scripts/make_quad.sh\`, one half per bit width (settings below)."
+  echo "Cells: exact match % / chrF (relative to the FP32 adapter on the f32 base), on the committed"
+  echo "world's eval split and on the eval split of the world drawn with seed $seed2 (same held-out"
+  echo "meanings, other sentences). QSS: mean JS divergence (nats), own PTQ encodings."
+  echo "W4A8: the base compiled \`--weights q4c --no-fuse\`, the adapter fitted with it as the student."
+  echo "Each fit keeps its step of least held-out loss (the last $holdout train records, never trained on)."
+  for bits in 8 4; do if [ -f "$log/table-int$bits.md" ]; then cat "$log/table-int$bits.md"; fi; done
   echo
   echo "## Over the air: \`$ota\`, fitted to the committed profiles"
   echo
@@ -179,29 +206,10 @@ fi
   echo
   echo "| profile | FP32 | independent PTQ | shared, no KD | shared + KD | shared + KD, W4A8 base |"
   echo "|---|---|---|---|---|---|"
-} >> "$table"
-for bits in 8 4; do
-  strat=${chosen[$bits]}
-  a="$out/ota/$ota.lpa"
-  fp=$(em_chrf "$demo/base.gguf" "$ota" "$a")
-  "$bin" adapter compile "$a" --base "$demo/base.gguf" --dtype "i$bits" -o "$work/$ota-i$bits.lpa" >/dev/null 2>&1
-  ind=$(em_chrf "$demo/base.gguf" "$ota" "$work/$ota-i$bits.lpa")
-  "$bin" quad ptq --base "$demo/base.gguf" --profile "$work/p$bits-$strat.lpq" --adapter "$a" -o "$work/$ota-ptq$bits.lpa" 2>/dev/null
-  ptq=$(em_chrf "$demo/base.gguf" "$ota" "$work/$ota-ptq$bits.lpa" --profile "$work/p$bits-$strat.lpq")
-  sfx=$([ "$bits" = 8 ] && echo "" || echo ".int4")
-  fit "$bits" "$strat" "$ota" "" "$out/ota/$ota$sfx.quad.lpa" "$T/$ota.train.jsonl" "$a"
-  kdr=$(em_chrf "$demo/base.gguf" "$ota" "$out/ota/$ota$sfx.quad.lpa" --profile "$work/p$bits-$strat.lpq")
-  fit "$bits" "$strat" "$ota" "$work/q4c.lpx" "$work/$ota-kdw$bits.lpa" "$T/$ota.train.jsonl" "$a"
-  kdw=$(em_chrf "$work/q4c.lpx" "$ota" "$work/$ota-kdw$bits.lpa" --profile "$work/p$bits-$strat.lpq")
-  f=($fp)
-  for sp in 0 1; do
-    echo "| int$bits $strat (split $((sp ? seed2 : 1))) | ${f[$((2 * sp))]} / ${f[$((2 * sp + 1))]} | $(cell "$ind" "$fp" $sp) | $(cell "$ptq" "$fp" $sp) | $(cell "$kdr" "$fp" $sp) | $(cell "$kdw" "$fp" $sp) |" >> "$table"
-  done
-done
-{
+  for bits in 8 4; do if [ -f "$log/table-ota-int$bits.md" ]; then cat "$log/table-ota-int$bits.md"; fi; done
   echo
-  echo "Fit wall-clock times (s), and the total: $(( $(date +%s) - t_start )) s"
+  echo "Fit wall-clock times (s); this run's total: $(( $(date +%s) - t_start )) s"
   echo
-  sed 's/^/    /' "$log/fit-times.txt"
-} >> "$table"
+  cat "$log/ota-time.txt" "$log"/fit-times-int[0-9]*.txt 2>/dev/null | sed 's/^/    /'
+} > "$table"
 cat "$table"
