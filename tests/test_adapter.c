@@ -431,6 +431,7 @@ static void test_peft(const lp_model *base, const char *dir, peft_data *d) {
     }
     remove(other);
     remove(lpa);
+    remove(gg);
     lp_adapter_free(a);
 
     /* rsLoRA: alpha / sqrt(r) */
