@@ -3,8 +3,8 @@
  * conv2d from [cout][cin][kh][kw] weights (so the repack is checked too),
  * GroupNorm, LayerNorm, the activations, GEGLU, nearest upsampling, and the
  * tiled streaming-softmax attention against a full softmax, causal or not,
- * on one thread and on a pool. Each at the reference and the detected
- * kernel level. */
+ * on one thread and on a pool, and a low-rank adapter's shrink and expand
+ * (linear and conv). Each at the reference and the detected kernel level. */
 #include "check.h"
 #include "kernels/image_ops.h"
 
@@ -271,6 +271,86 @@ static void test_attention(const lp_kernels *k, lp_threadpool *pool) {
     test_attention_case(k, pool, 130, 130, 1, 4, true, 3.0f);   /* causal over several key tiles */
 }
 
+/* ---- low-rank adapter passes ----------------------------------------------------- */
+
+/* t = scale * conv(x, down) with down [r][kh][kw][cin] as in the file (the
+ * kernels take it transposed), then y = y0 + t up^T with up [out][r]. */
+static void lowrank_naive(const lp_conv2d_shape *s, const float *down, int32_t r, float scale, const float *x,
+                          const float *up, int64_t out, const float *y0, double *y) {
+    int64_t oh = lp_conv2d_out_h(s), ow = lp_conv2d_out_w(s), kc = (int64_t)s->kh * s->kw * s->cin;
+    for (int64_t q = 0; q < s->n * oh * ow; q++) {
+        int64_t img = q / (oh * ow), oy = q % (oh * ow) / ow, ox = q % ow;
+        double t[80] = {0};
+        for (int32_t j = 0; j < r; j++) {
+            for (int64_t ky = 0; ky < s->kh; ky++)
+                for (int64_t kx = 0; kx < s->kw; kx++) {
+                    int64_t iy = oy * s->stride + ky - s->pad, ix = ox * s->stride + kx - s->pad;
+                    if (iy < 0 || iy >= s->h || ix < 0 || ix >= s->w) continue;
+                    for (int64_t c = 0; c < s->cin; c++)
+                        t[j] += (double)down[j * kc + (ky * s->kw + kx) * s->cin + c] *
+                                x[((img * s->h + iy) * s->w + ix) * s->cin + c];
+                }
+            t[j] *= scale;
+        }
+        for (int64_t o = 0; o < out; o++) {
+            double v = y0[q * out + o];
+            for (int32_t j = 0; j < r; j++) v += t[j] * up[o * r + j];
+            y[q * out + o] = v;
+        }
+    }
+}
+
+/* Both passes at every level, on one thread and a pool: within float
+ * rounding of the naive sums, and the reference level's bits everywhere. */
+static void test_lowrank_case(const lp_kernels *levels, int n_levels, lp_threadpool *pool, lp_conv2d_shape s,
+                              int32_t r, int64_t out) {
+    lp_rng rng;
+    lp_rng_seed(&rng, (uint64_t)(r * 131 + out + s.kh * 7 + s.stride));
+    int64_t kc = (int64_t)s.kh * s.kw * s.cin, px = (int64_t)s.n * lp_conv2d_out_h(&s) * lp_conv2d_out_w(&s);
+    int64_t nx = (int64_t)s.n * s.h * s.w * s.cin;
+    float *x = malloc(sizeof(float) * nx), *down = malloc(sizeof(float) * r * kc), *dt = malloc(sizeof(float) * r * kc);
+    float *up = malloc(sizeof(float) * r * out), *ut = malloc(sizeof(float) * r * out);
+    float *y0 = malloc(sizeof(float) * px * out), *t = malloc(sizeof(float) * px * r);
+    float *y = malloc(sizeof(float) * px * out), *first = malloc(sizeof(float) * px * out);
+    double *ref = malloc(sizeof(double) * px * out);
+    fill(&rng, x, nx, 1.0f), fill(&rng, down, r * kc, 0.5f), fill(&rng, up, r * out, 0.5f), fill(&rng, y0, px * out, 2.0f);
+    for (int64_t j = 0; j < r; j++)
+        for (int64_t c = 0; c < kc; c++) dt[c * r + j] = down[j * kc + c];
+    for (int64_t o = 0; o < out; o++)
+        for (int64_t j = 0; j < r; j++) ut[j * out + o] = up[o * r + j];
+    float scale = 0.75f;
+    lowrank_naive(&s, down, r, scale, x, up, out, y0, ref);
+    for (int l = 0; l < n_levels; l++)
+        for (int p = 0; p < 2; p++) {
+            memcpy(y, y0, sizeof(float) * px * out);
+            lp_lowrank_down(&levels[l], p ? pool : NULL, &s, dt, r, scale, x, t);
+            lp_lowrank_up(&levels[l], p ? pool : NULL, px, r, t, ut, out, y, out);
+            double e = max_rel(y, ref, px * out);
+            CHECK_MSG(e < 1e-5, "lowrank k%d s%d r%d out %lld level %d: rel err %g", s.kh, s.stride, r, (long long)out,
+                      l, e);
+            if (l == 0 && p == 0) memcpy(first, y, sizeof(float) * px * out);
+            else CHECK_MSG(!memcmp(first, y, sizeof(float) * px * out), "lowrank k%d s%d r%d out %lld level %d pool %d: not the reference's bits",
+                           s.kh, s.stride, r, (long long)out, l, p);
+        }
+    free(x), free(down), free(dt), free(up), free(ut), free(y0), free(t), free(y), free(first), free(ref);
+}
+
+static void test_lowrank(const lp_kernels *levels, int n_levels, lp_threadpool *pool) {
+    /* a linear over 37 rows (ragged pixel and row blocks), ranks around the
+     * 16-lane and 32-column blocks, outputs with a 64-wide tail */
+    static const int32_t ranks[] = {1, 4, 16, 17, 32, 40, 80};
+    for (size_t i = 0; i < sizeof ranks / sizeof *ranks; i++)
+        test_lowrank_case(levels, n_levels, pool, (lp_conv2d_shape){.n = 1, .h = 1, .w = 37, .cin = 24, .kh = 1, .kw = 1, .stride = 1},
+                          ranks[i], 70);
+    /* LoCon's 3x3 shrink: padded (border taps skipped), strided, two images */
+    test_lowrank_case(levels, n_levels, pool, (lp_conv2d_shape){.n = 2, .h = 7, .w = 5, .cin = 6, .kh = 3, .kw = 3, .stride = 1, .pad = 1},
+                      8, 19);
+    test_lowrank_case(levels, n_levels, pool, (lp_conv2d_shape){.n = 1, .h = 9, .w = 6, .cin = 5, .kh = 3, .kw = 3, .stride = 2, .pad = 1},
+                      33, 130);
+    test_lowrank_case(levels, n_levels, pool, (lp_conv2d_shape){.n = 1, .h = 6, .w = 6, .cin = 3, .kh = 3, .kw = 3, .stride = 1},
+                      4, 5);
+}
+
 int main(void) {
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
@@ -286,6 +366,7 @@ int main(void) {
         test_attention(&levels[l], NULL);
         test_attention(&levels[l], pool);
     }
+    test_lowrank(levels, 2, pool);
     test_norms();
     test_activations();
     test_upsample();

@@ -308,8 +308,8 @@ static int write_merged(const char *base, const lp_sd_lora *l, float s, int tok_
                         for (int64_t kx = 0; kx < k; kx++) {
                             double acc = 0;
                             for (int r = 0; r < d->rank; r++)
-                                acc += (double)d->up[o * d->rank + r] *
-                                       d->down[(int64_t)r * k * k * in + (ky * k + kx) * in + ci];
+                                acc += (double)d->up[(int64_t)r * g->out + o] *
+                                       d->down[((ky * k + kx) * in + ci) * d->rank + r];
                             v[((o * in + ci) * k + ky) * k + kx] += (float)(s * d->scale * acc);
                         }
         }

@@ -575,8 +575,8 @@ struct lp_sd_graph {
      * scratch: the down projection [rows][rank], up in chunks [rows][out] */
     lp_sd_row_loras rows[MAX_BATCH];
     int n_lora_rows;
-    float *lora_t, *lora_u;
-    int64_t lora_t_cap, lora_u_cap;
+    float *lora_t; /* [rows][rank]: an adapter's shrunk rows */
+    int64_t lora_t_cap;
 };
 
 static int64_t lvl_pixels(const lp_sd_graph *g, int lvl) { return (int64_t)(g->lat_h >> lvl) * (g->lat_w >> lvl); }
@@ -700,7 +700,7 @@ void lp_sd_graph_set_int8_activations(lp_sd_graph *g, bool on) { g->k.int8_activ
 void lp_sd_graph_free(lp_sd_graph *g) {
     if (!g) return;
     lp_free(g->arena);
-    lp_free(g->lora_t), lp_free(g->lora_u);
+    lp_free(g->lora_t);
     lp_threadpool_destroy(g->pool);
     lp_kernels_free(&g->k);
     free(g);
@@ -733,10 +733,8 @@ int lp_sd_graph_set_loras(lp_sd_graph *g, const lp_sd_row_loras *rows, int n, lp
             if (lp_sd_lora_max_rank(u->lora) > rank) rank = lp_sd_lora_max_rank(u->lora);
         }
     }
-    int64_t rows_max = (int64_t)g->max_batch * imax((int64_t)g->lat_h * g->lat_w, c->te_ctx), out_max = 1;
-    for (int32_t i = 0; i < g->w->targets.n; i++) out_max = imax(out_max, g->w->targets.t[i].out);
-    int64_t need_t = rows_max * rank, need_u = imax(out_max, rows_max * out_max < ((int64_t)1 << 22) ? rows_max * out_max : (int64_t)1 << 22);
-    if (rank && (grow_scratch(&g->lora_t, &g->lora_t_cap, need_t) || grow_scratch(&g->lora_u, &g->lora_u_cap, need_u))) {
+    int64_t rows_max = (int64_t)g->max_batch * imax((int64_t)g->lat_h * g->lat_w, c->te_ctx);
+    if (rank && grow_scratch(&g->lora_t, &g->lora_t_cap, rows_max * rank)) {
         g->n_lora_rows = 0;
         return lp_error_set(err, LP_ERR_NOMEM, "SD adapters: out of memory");
     }
@@ -760,29 +758,16 @@ const float *lp_sd_graph_added_token(const lp_sd_graph *g, int row, int32_t j) {
     return NULL;
 }
 
-/* y[rows][out] += s * up (down x) for rows of n_img images; conv: the
+/* y[rows][out] += up (s down x) for rows of n_img images; conv: the
  * module's shape when it is a conv (the down projection is a conv of the
- * same kernel and stride, up a 1x1) */
+ * same kernel and stride, up a 1x1), else x is rows of the module's inputs */
 static void delta_run(lp_sd_graph *g, const lp_sd_delta *d, float s, int n_img, int64_t rows, const float *x,
-                      int64_t x_cols, const lp_conv2d_shape *conv, float *y, int64_t out) {
+                      const lp_conv2d_shape *conv, float *y, int64_t out) {
     const lp_sd_target *t = &g->w->targets.t[d->target];
-    int64_t cols = t->k ? (int64_t)t->k * t->k * t->in : t->in, r = d->rank;
-    lp_weight down = {.type = LP_F32, .rows = r, .cols = cols, .row_bytes = (size_t)cols * 4, .data = d->down};
-    lp_weight up = {.type = LP_F32, .rows = out, .cols = r, .row_bytes = (size_t)r * 4, .data = d->up};
-    if (conv) {
-        lp_conv2d_shape cs = *conv;
-        cs.n = n_img, cs.cout = (int32_t)r;
-        lp_conv2d(&g->k, g->pool, &cs, &down, NULL, x, g->lora_t, g->conv_scratch);
-    } else {
-        lp_matmul(&g->k, g->pool, &down, x, x_cols, rows, g->lora_t, r);
-    }
-    int64_t chunk = g->lora_u_cap / out;
-    for (int64_t r0 = 0; r0 < rows; r0 += chunk) {
-        int64_t m = rows - r0 < chunk ? rows - r0 : chunk;
-        lp_matmul(&g->k, g->pool, &up, g->lora_t + r0 * r, r, m, g->lora_u, out);
-        float *yy = y + r0 * out;
-        for (int64_t i = 0; i < m * out; i++) yy[i] += s * g->lora_u[i];
-    }
+    lp_conv2d_shape cs = conv ? *conv : (lp_conv2d_shape){.h = 1, .w = (int32_t)rows, .cin = t->in, .kh = 1, .kw = 1, .stride = 1};
+    cs.n = conv ? n_img : 1;
+    lp_lowrank_down(&g->k, g->pool, &cs, d->down, d->rank, s, x, g->lora_t);
+    lp_lowrank_up(&g->k, g->pool, rows, d->rank, g->lora_t, d->up, out, y, out);
 }
 
 static bool same_use(const lp_sd_graph *g, int i, int j, int p) {
@@ -795,8 +780,8 @@ static bool same_use(const lp_sd_graph *g, int i, int j, int p) {
  * its list's order; consecutive images with the same adapter at the same
  * place share one pass, which gives each the bits it gets alone (the
  * kernels are batch invariant). */
-static void lora_apply(lp_sd_graph *g, int32_t id, int n, int64_t rows, const float *x, int64_t x_cols,
-                       int64_t x_img, const lp_conv2d_shape *conv, float *y, int64_t out) {
+static void lora_apply(lp_sd_graph *g, int32_t id, int n, int64_t rows, const float *x, int64_t x_img,
+                       const lp_conv2d_shape *conv, float *y, int64_t out) {
     if (id < 0 || !g->n_lora_rows) return;
     int64_t per = rows / n;
     for (int p = 0; p < LP_SD_MAX_ROW_LORAS; p++)
@@ -810,8 +795,7 @@ static void lora_apply(lp_sd_graph *g, int32_t id, int n, int64_t rows, const fl
             const lp_sd_lora_use *u = &g->rows[i].use[p];
             const lp_sd_delta *d = lp_sd_lora_delta(u->lora, id);
             if (d && u->scale != 0)
-                delta_run(g, d, d->scale * u->scale, j - i, (j - i) * per, x + i * x_img, x_cols, conv,
-                          y + i * per * out, out);
+                delta_run(g, d, d->scale * u->scale, j - i, (j - i) * per, x + i * x_img, conv, y + i * per * out, out);
             i = j;
         }
 }
@@ -822,7 +806,7 @@ static void run_lin(lp_sd_graph *g, const lin *l, const float *x, int64_t rows, 
     if (l->b)
         for (int64_t r = 0; r < rows; r++)
             for (int64_t i = 0; i < l->w.rows; i++) y[r * l->w.rows + i] += l->b[i];
-    lora_apply(g, l->id, n, rows, x, l->w.cols, rows / n * l->w.cols, NULL, y, l->w.rows);
+    lora_apply(g, l->id, n, rows, x, rows / n * l->w.cols, NULL, y, l->w.rows);
 }
 
 static void run_conv(lp_sd_graph *g, const cnv *c, const float *x, int n, int h, int w, float *y) {
@@ -831,7 +815,7 @@ static void run_conv(lp_sd_graph *g, const cnv *c, const float *x, int n, int h,
     lp_conv2d(&g->k, g->pool, &s, &c->w, c->b, x, y, g->conv_scratch);
     if (c->id >= 0 && g->n_lora_rows) {
         int64_t opx = (int64_t)lp_conv2d_out_h(&s) * lp_conv2d_out_w(&s);
-        lora_apply(g, c->id, n, n * opx, x, c->cin, (int64_t)h * w * c->cin, &s, y, c->cout);
+        lora_apply(g, c->id, n, n * opx, x, (int64_t)h * w * c->cin, &s, y, c->cout);
     }
 }
 

@@ -454,6 +454,12 @@ static int classify(loader *L, lp_sd_lora *l) {
     return rc;
 }
 
+/* dst[c][r] = src[r][c] for a rows x cols src */
+static void transpose(const float *src, int64_t rows, int64_t cols, float *dst) {
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) dst[c * rows + r] = src[r * cols + c];
+}
+
 static int convert(loader *L, lp_sd_lora *l) {
     int64_t floats = 0;
     int32_t *rank = calloc((size_t)L->tg.n, sizeof *rank);
@@ -482,18 +488,18 @@ static int convert(loader *L, lp_sd_lora *l) {
         const lp_sd_target *g = &L->tg.t[i];
         int64_t k = g->k ? g->k : 1, cols = k * k * g->in, r = rank[i];
         float *down = l->arena + at, *up = down + r * cols;
-        if (k > 1) {
-            free(tmp);
-            if (!(tmp = malloc(sizeof(float) * (size_t)(r * cols)))) {
-                rc = lp_error_set(L->err, LP_ERR_NOMEM, "out of memory");
-                break;
-            }
-            if ((rc = lp_st_to_f32(s->t[ROLE_DOWN], tmp, L->err))) break;
-            lp_conv_weight_repack(tmp, r, g->in, k, k, down);
-        } else if ((rc = lp_st_to_f32(s->t[ROLE_DOWN], down, L->err))) {
+        free(tmp);
+        if (!(tmp = malloc(sizeof(float) * (size_t)(2 * r * (cols > g->out ? cols : g->out))))) {
+            rc = lp_error_set(L->err, LP_ERR_NOMEM, "out of memory");
             break;
         }
-        if ((rc = lp_st_to_f32(s->t[ROLE_UP], up, L->err))) break;
+        float *file = tmp, *rows = tmp + r * cols; /* the file's layout; [r][cols] in lp_conv2d's column order */
+        if ((rc = lp_st_to_f32(s->t[ROLE_DOWN], file, L->err))) break;
+        if (k > 1) lp_conv_weight_repack(file, r, g->in, k, k, rows);
+        else memcpy(rows, file, sizeof(float) * (size_t)(r * cols));
+        transpose(rows, r, cols, down);
+        if ((rc = lp_st_to_f32(s->t[ROLE_UP], file, L->err))) break;
+        transpose(file, g->out, r, up);
         float scale = 1.0f;
         if (s->t[ROLE_ALPHA]) {
             float a;

@@ -51,12 +51,13 @@ void lp_sd_targets_free(lp_sd_targets *t);
 /* Index of the target of that checkpoint name (no ".weight"), or -1. */
 int32_t lp_sd_target_find(const lp_sd_targets *t, const char *ldm);
 
-/* The delta of one module: scale * up (down x). */
+/* The delta of one module: scale * up (down x). Both matrices are kept
+ * transposed, the layout of lp_lowrank_down / lp_lowrank_up. */
 typedef struct lp_sd_delta {
     int32_t target, rank;
     float scale;       /* alpha / rank, or 1 */
-    const float *down; /* [rank][cols]: cols = in, or k * k * in in lp_conv2d's column order [kh][kw][in] */
-    const float *up;   /* [out][rank] */
+    const float *down; /* [cols][rank]: cols = in, or k * k * in in lp_conv2d's column order [kh][kw][in] */
+    const float *up;   /* [rank][out] */
 } lp_sd_delta;
 
 typedef struct lp_sd_lora lp_sd_lora;

@@ -56,6 +56,24 @@ size_t lp_conv2d_scratch_floats(const lp_conv2d_shape *s);
 void lp_conv2d(const lp_kernels *k, lp_threadpool *pool, const lp_conv2d_shape *s, const lp_weight *W,
                const float *bias, const float *x, float *y, float *scratch);
 
+/* ---- a runtime low-rank adapter's two passes (lowrank.c) ---- */
+
+/* The shrink on a convolution of shape s (a linear is the 1x1, stride 1,
+ * unpadded case with its rows as pixels; s->cout is ignored):
+ *   t[q][j] = scale * sum over ky, kx, ci of dt[(ky*kw + kx)*cin + ci][j] * x[q's source pixel][ci]
+ * for every output pixel q and j < r. dt is the adapter's down matrix
+ * transposed, [kh*kw*cin][r]; t is [pixels][r]. Each sum is one fmaf chain
+ * in (ky, kx, ci) order (zeros outside the input), then one multiply:
+ * every level gives these bits. Parallel over pixels. */
+void lp_lowrank_down(const lp_kernels *k, lp_threadpool *pool, const lp_conv2d_shape *s, const float *dt, int32_t r,
+                     float scale, const float *x, float *t);
+/* The expand, added in place: y[i][o] = fmaf(t[i][r-1], ut[r-1][o], ...
+ * fmaf(t[i][0], ut[0][o], y[i][o])) for i < rows, o < out. ut is the up
+ * matrix transposed, [r][out]; t is [rows][r]; rows of y are y_stride
+ * floats apart. Every level gives these bits. Parallel over rows. */
+void lp_lowrank_up(const lp_kernels *k, lp_threadpool *pool, int64_t rows, int32_t r, const float *t, const float *ut,
+                   int64_t out, float *y, int64_t y_stride);
+
 /* PyTorch's conv weight [cout][cin][kh][kw] -> [cout][kh][kw][cin], the
  * column order lp_conv2d reads. dst must not overlap src. */
 void lp_conv_weight_repack(const float *src, int64_t cout, int64_t cin, int64_t kh, int64_t kw, float *dst);
