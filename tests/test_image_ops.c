@@ -26,10 +26,13 @@ static double max_rel(const float *a, const double *ref, int64_t n) {
 
 /* ---- conv2d --------------------------------------------------------------------- */
 
-/* PyTorch conv2d, NCHW semantics on our channels-last tensors:
+/* PyTorch conv2d, NCHW semantics on our channels-last tensors, after
+ * F.pad(x, (pad, pad + pad_after, pad, pad + pad_after)):
  * y[n][oy][ox][o] = b[o] + sum w[o][i][ky][kx] x[n][iy][ix][i]. */
 static void conv_naive(const lp_conv2d_shape *s, const float *w_oihw, const float *bias, const float *x, double *y) {
-    int oh = lp_conv2d_out_h(s), ow = lp_conv2d_out_w(s);
+    int oh = (s->h + 2 * s->pad + s->pad_after - s->kh) / s->stride + 1;
+    int ow = (s->w + 2 * s->pad + s->pad_after - s->kw) / s->stride + 1;
+    CHECK(oh == lp_conv2d_out_h(s) && ow == lp_conv2d_out_w(s));
     for (int n = 0; n < s->n; n++)
         for (int oy = 0; oy < oh; oy++)
             for (int ox = 0; ox < ow; ox++)
@@ -87,9 +90,14 @@ static void test_conv(const lp_kernels *k, lp_threadpool *pool) {
     /* 3x3 stride 2 (the downsamplers) with an odd size */
     test_conv_case(k, pool, (lp_conv2d_shape){.n = 1, .h = 9, .w = 6, .cin = 5, .cout = 8, .kh = 3, .kw = 3,
                                               .stride = 2, .pad = 1}, true, false);
-    /* unpadded 3x3 (the VAE encoder pads asymmetrically in front of it) */
+    /* unpadded 3x3 */
     test_conv_case(k, pool, (lp_conv2d_shape){.n = 1, .h = 6, .w = 6, .cin = 3, .cout = 4, .kh = 3, .kw = 3,
                                               .stride = 2, .pad = 0}, false, false);
+    /* the VAE encoder's downsample: zeros after the end only (8x6 -> 4x3), and both kinds */
+    test_conv_case(k, pool, (lp_conv2d_shape){.n = 2, .h = 8, .w = 6, .cin = 3, .cout = 5, .kh = 3, .kw = 3,
+                                              .stride = 2, .pad = 0, .pad_after = 1}, true, false);
+    test_conv_case(k, pool, (lp_conv2d_shape){.n = 1, .h = 5, .w = 7, .cin = 4, .cout = 3, .kh = 5, .kw = 5,
+                                              .stride = 1, .pad = 1, .pad_after = 2}, true, false);
     /* 1x1 (proj_in / proj_out, the skip shortcuts) */
     test_conv_case(k, pool, (lp_conv2d_shape){.n = 2, .h = 4, .w = 3, .cin = 16, .cout = 12, .kh = 1, .kw = 1,
                                               .stride = 1, .pad = 0}, true, false);
@@ -105,6 +113,12 @@ static void test_conv(const lp_kernels *k, lp_threadpool *pool) {
                                                  .stride = 0, .pad = 1}));
     CHECK(!lp_conv2d_shape_ok(&(lp_conv2d_shape){.n = 1, .h = 4, .w = 4, .cin = 1, .cout = 1, .kh = 1, .kw = 1,
                                                  .stride = 1, .pad = 1}));
+    CHECK(!lp_conv2d_shape_ok(&(lp_conv2d_shape){.n = 1, .h = 4, .w = 4, .cin = 1, .cout = 1, .kh = 3, .kw = 3,
+                                                 .stride = 2, .pad = 1, .pad_after = 2}));
+    CHECK(!lp_conv2d_shape_ok(&(lp_conv2d_shape){.n = 1, .h = 4, .w = 4, .cin = 1, .cout = 1, .kh = 3, .kw = 3,
+                                                 .stride = 2, .pad = 0, .pad_after = -1}));
+    CHECK(lp_conv2d_shape_ok(&(lp_conv2d_shape){.n = 1, .h = 4, .w = 4, .cin = 1, .cout = 1, .kh = 3, .kw = 3,
+                                                .stride = 2, .pad = 0, .pad_after = 1}));
 }
 
 /* ---- norms ------------------------------------------------------------------------- */
@@ -349,6 +363,8 @@ static void test_lowrank(const lp_kernels *levels, int n_levels, lp_threadpool *
                       33, 130);
     test_lowrank_case(levels, n_levels, pool, (lp_conv2d_shape){.n = 1, .h = 6, .w = 6, .cin = 3, .kh = 3, .kw = 3, .stride = 1},
                       4, 5);
+    test_lowrank_case(levels, n_levels, pool,
+                      (lp_conv2d_shape){.n = 2, .h = 8, .w = 6, .cin = 5, .kh = 3, .kw = 3, .stride = 2, .pad_after = 1}, 12, 20);
 }
 
 int main(void) {

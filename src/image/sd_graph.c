@@ -23,9 +23,9 @@
 
 /* id: the module's index among the adapter targets (sd_lora.h), or -1 */
 typedef struct lin { lp_weight w; const float *b; int32_t id; } lin;                        /* [out][in], bias [out] or NULL */
-/* [out][k][k][in]; pad 0 on a stride-2 conv: the VAE encoder's downsample, whose input is padded by one
- * pixel on the right and bottom only (run_vae_down) */
-typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride, pad, id; } cnv;
+/* [out][k][k][in]; pad_after: lp_conv2d_shape's (1 with pad 0 on the VAE encoder's downsample, whose
+ * input is padded by one pixel on the right and bottom only) */
+typedef struct cnv { lp_weight w; const float *b; int32_t cin, cout, k, stride, pad, pad_after, id; } cnv;
 typedef struct nrm { const float *g, *b; } nrm;
 typedef struct res { nrm n1, n2; cnv c1, c2, skip; lin emb; bool has_skip; } res;
 typedef struct xf { nrm gn, ln1, ln2, ln3; cnv pin, pout; lin q1, k1, v1, o1, q2, k2, v2, o2, ff1, ff2; int32_t c; } xf;
@@ -406,7 +406,7 @@ static void build_vae_encoder(lp_sd_weights *w) {
         if (l + 1 < L) {
             snprintf(p, sizeof p, "%sdown.%d.downsample.conv", E, l);
             w->ed[w->n_ed] = mk_conv(w, p, cur, cur, 3, 2);
-            w->ed[w->n_ed].pad = 0;
+            w->ed[w->n_ed].pad = 0, w->ed[w->n_ed].pad_after = 1;
             w->eops[w->n_eops++] = (vop){.kind = V_DOWN, .lvl = L - 1 - l, .i = w->n_ed++};
         }
     }
@@ -603,9 +603,8 @@ static void size_vae_ops(const lp_sd_graph *g, const vop *ops, int n_ops, const 
             cur = r->c2.cout;
         } else if (o->kind == V_ATTN) {
             *s8 = imax(*s8, 4 * px * cur);
-        } else { /* x2 up (nearest, then the conv), or down (the input padded by one row and column) */
-            int64_t h = (int64_t)g->lat_h << o->lvl, w = (int64_t)g->lat_w << o->lvl;
-            *s2 = imax(*s2, o->kind == V_UP ? 4 * px * cur : n * (h + 1) * (w + 1) * cur);
+        } else { /* x2 up (nearest, then the conv), or down */
+            *s2 = imax(*s2, o->kind == V_UP ? 4 * px * cur : px * cur);
             *cs = (size_t)imax((int64_t)*cs, (int64_t)conv_scratch_for(&cv[o->i]));
         }
     }
@@ -811,7 +810,7 @@ static void run_lin(lp_sd_graph *g, const lin *l, const float *x, int64_t rows, 
 
 static void run_conv(lp_sd_graph *g, const cnv *c, const float *x, int n, int h, int w, float *y) {
     lp_conv2d_shape s = {.n = n, .h = h, .w = w, .cin = c->cin, .cout = c->cout, .kh = c->k, .kw = c->k,
-                         .stride = c->stride, .pad = c->pad};
+                         .stride = c->stride, .pad = c->pad, .pad_after = c->pad_after};
     lp_conv2d(&g->k, g->pool, &s, &c->w, c->b, x, y, g->conv_scratch);
     if (c->id >= 0 && g->n_lora_rows) {
         int64_t opx = (int64_t)lp_conv2d_out_h(&s) * lp_conv2d_out_w(&s);
@@ -1040,21 +1039,6 @@ static void run_vattn(lp_sd_graph *g, const vattn *a, const float *x, float *out
     add(out, x, n * p * c);
 }
 
-/* the encoder's downsample: x [n][h][w][c] padded with a zero row below and a zero column on the right
- * (into pad), then the 3x3 stride-2 conv without padding: out [n][h/2][w/2][c] */
-static void run_vae_down(lp_sd_graph *g, const cnv *cv, const float *x, float *pad, float *out, int n, int h, int w) {
-    int64_t c = cv->cin, row = (int64_t)(w + 1) * c;
-    for (int b = 0; b < n; b++) {
-        float *pb = pad + (int64_t)b * (h + 1) * row;
-        for (int y = 0; y < h; y++) {
-            memcpy(pb + y * row, x + ((int64_t)b * h + y) * w * c, sizeof(float) * (size_t)(w * c));
-            memset(pb + y * row + (int64_t)w * c, 0, sizeof(float) * (size_t)c);
-        }
-        memset(pb + (int64_t)h * row, 0, sizeof(float) * (size_t)row);
-    }
-    run_conv(g, cv, pad, n, h + 1, w + 1, out);
-}
-
 int lp_sd_vae_encode(lp_sd_graph *g, const float *img, int batch, float *z, lp_error *err) {
     const lp_sd_weights *w = g->w;
     const lp_sd_config *c = &w->cfg;
@@ -1073,7 +1057,7 @@ int lp_sd_vae_encode(lp_sd_graph *g, const float *img, int batch, float *z, lp_e
         } else if (o->kind == V_ATTN) {
             run_vattn(g, &w->ea, cur, nxt, n, hh, ww, cc);
         } else {
-            run_vae_down(g, &w->ed[o->i], cur, g->c, nxt, n, hh, ww);
+            run_conv(g, &w->ed[o->i], cur, n, hh, ww, nxt);
         }
         float *tmp = cur;
         cur = nxt, nxt = tmp;

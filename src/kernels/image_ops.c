@@ -9,18 +9,20 @@
 /* ---- convolution ------------------------------------------------------------- */
 
 int32_t lp_conv2d_out_h(const lp_conv2d_shape *s) {
-    return s->stride > 0 ? (s->h + 2 * s->pad - s->kh) / s->stride + 1 : 0;
+    return s->stride > 0 ? (s->h + 2 * s->pad + s->pad_after - s->kh) / s->stride + 1 : 0;
 }
 
 int32_t lp_conv2d_out_w(const lp_conv2d_shape *s) {
-    return s->stride > 0 ? (s->w + 2 * s->pad - s->kw) / s->stride + 1 : 0;
+    return s->stride > 0 ? (s->w + 2 * s->pad + s->pad_after - s->kw) / s->stride + 1 : 0;
 }
 
 bool lp_conv2d_shape_ok(const lp_conv2d_shape *s) {
     if (s->n <= 0 || s->h <= 0 || s->w <= 0 || s->cin <= 0 || s->cout <= 0 || s->kh <= 0 || s->kw <= 0 ||
-        s->stride <= 0 || s->pad < 0 || s->pad >= s->kh || s->pad >= s->kw)
+        s->stride <= 0 || s->pad < 0 || s->pad_after < 0 || s->pad + s->pad_after >= s->kh ||
+        s->pad + s->pad_after >= s->kw)
         return false;
-    if ((int64_t)s->h + 2 * (int64_t)s->pad < s->kh || (int64_t)s->w + 2 * (int64_t)s->pad < s->kw) return false;
+    int64_t extra = 2 * (int64_t)s->pad + s->pad_after;
+    if ((int64_t)s->h + extra < s->kh || (int64_t)s->w + extra < s->kw) return false;
     size_t px, k, t;
     return lp_mul_ok((size_t)s->h, (size_t)s->w, &px) && lp_mul_ok(px, (size_t)s->n, &t) &&
            lp_mul_ok(t, (size_t)(s->cin > s->cout ? s->cin : s->cout), &t) &&
@@ -28,7 +30,7 @@ bool lp_conv2d_shape_ok(const lp_conv2d_shape *s) {
 }
 
 static bool conv_is_pointwise(const lp_conv2d_shape *s) {
-    return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0;
+    return s->kh == 1 && s->kw == 1 && s->stride == 1 && s->pad == 0 && s->pad_after == 0;
 }
 
 int64_t lp_conv2d_tile_pixels(const lp_conv2d_shape *s) {

@@ -31,13 +31,15 @@ typedef struct lp_conv2d_shape {
     int32_t h, w, cin;    /* input, channels last */
     int32_t cout, kh, kw; /* kernel */
     int32_t stride, pad;  /* the same in both directions; stride >= 1 */
+    int32_t pad_after;    /* more zeros after the end only, in both directions (the SD VAE
+                           * encoder's downsample: pad 0, pad_after 1) */
 } lp_conv2d_shape;
 
-/* Output size (h + 2 pad - kh) / stride + 1; <= 0 for a kernel larger
- * than the padded input. */
+/* Output size (h + 2 pad + pad_after - kh) / stride + 1; <= 0 for a
+ * kernel larger than the padded input. */
 int32_t lp_conv2d_out_h(const lp_conv2d_shape *s);
 int32_t lp_conv2d_out_w(const lp_conv2d_shape *s);
-/* Checks a shape (positive sizes, stride >= 1, 0 <= pad < kernel, an output
+/* Checks a shape (positive sizes, stride >= 1, 0 <= pad, pad + pad_after < kernel, an output
  * of at least one pixel, sizes whose products fit). */
 bool lp_conv2d_shape_ok(const lp_conv2d_shape *s);
 /* Output pixels per im2col tile: the panel is tile x (kh*kw*cin) floats,
