@@ -1039,6 +1039,33 @@ static void run_vattn(lp_sd_graph *g, const vattn *a, const float *x, float *out
     add(out, x, n * p * c);
 }
 
+/* A VAE half's op list over n images from cur (g->a or g->b, *cc
+ * channels): returns the buffer of the result (the other one is free),
+ * *cc its channels. */
+static float *run_vae_ops(lp_sd_graph *g, const vop *ops, int n_ops, const res *rs, const vattn *attn, const cnv *cv,
+                          float *cur, int n, int32_t *cc) {
+    float *nxt = cur == g->a ? g->b : g->a;
+    for (int i = 0; i < n_ops; i++) {
+        const vop *o = &ops[i];
+        int hh = g->lat_h << o->lvl, ww = g->lat_w << o->lvl;
+        int64_t p = (int64_t)hh * ww;
+        if (o->kind == V_RES) {
+            run_res(g, &rs[o->i], cur, nxt, g->c, g->d, n, hh, ww, NULL, GN_EPS_XF);
+            *cc = rs[o->i].c2.cout;
+        } else if (o->kind == V_ATTN) {
+            run_vattn(g, attn, cur, nxt, n, hh, ww, *cc);
+        } else if (o->kind == V_UP) { /* nearest x2, then the conv */
+            for (int b = 0; b < n; b++) lp_upsample_nearest2x(cur + b * p * *cc, g->c + b * 4 * p * *cc, hh, ww, *cc);
+            run_conv(g, &cv[o->i], g->c, n, 2 * hh, 2 * ww, nxt);
+        } else {
+            run_conv(g, &cv[o->i], cur, n, hh, ww, nxt);
+        }
+        float *tmp = cur;
+        cur = nxt, nxt = tmp;
+    }
+    return cur;
+}
+
 int lp_sd_vae_encode(lp_sd_graph *g, const float *img, int batch, float *z, lp_error *err) {
     const lp_sd_weights *w = g->w;
     const lp_sd_config *c = &w->cfg;
@@ -1047,21 +1074,8 @@ int lp_sd_vae_encode(lp_sd_graph *g, const float *img, int batch, float *z, lp_e
     float *cur = g->a, *nxt = g->b;
     run_conv(g, &w->e_in, img, n, g->lat_h * f, g->lat_w * f, cur);
     int32_t cc = w->e_in.cout;
-    for (int i = 0; i < w->n_eops; i++) {
-        const vop *o = &w->eops[i];
-        int hh = g->lat_h << o->lvl, ww = g->lat_w << o->lvl;
-        if (o->kind == V_RES) {
-            const res *r = &w->er[o->i];
-            run_res(g, r, cur, nxt, g->c, g->d, n, hh, ww, NULL, GN_EPS_XF);
-            cc = r->c2.cout;
-        } else if (o->kind == V_ATTN) {
-            run_vattn(g, &w->ea, cur, nxt, n, hh, ww, cc);
-        } else {
-            run_conv(g, &w->ed[o->i], cur, n, hh, ww, nxt);
-        }
-        float *tmp = cur;
-        cur = nxt, nxt = tmp;
-    }
+    cur = run_vae_ops(g, w->eops, w->n_eops, w->er, &w->ea, w->ed, cur, n, &cc);
+    nxt = cur == g->a ? g->b : g->a;
     int64_t px = (int64_t)g->lat_h * g->lat_w, zc = c->vae_z;
     run_gn(g, &w->e_norm, cur, nxt, n, px, cc, GN_EPS_XF, true);
     run_conv(g, &w->e_out, nxt, n, g->lat_h, g->lat_w, cur);
@@ -1082,23 +1096,8 @@ int lp_sd_vae_decode(lp_sd_graph *g, const float *z, int batch, float *img, lp_e
     run_conv(g, &w->post_quant, g->c, n, h, wd, g->d);
     run_conv(g, &w->d_in, g->d, n, h, wd, cur);
     int32_t cc = w->d_in.cout;
-    for (int i = 0; i < w->n_vops; i++) {
-        const vop *o = &w->vops[i];
-        int hh = h << o->lvl, ww = wd << o->lvl;
-        int64_t p = (int64_t)hh * ww;
-        if (o->kind == V_RES) {
-            const res *r = &w->vr[o->i];
-            run_res(g, r, cur, nxt, g->c, g->d, n, hh, ww, NULL, GN_EPS_XF);
-            cc = r->c2.cout;
-        } else if (o->kind == V_ATTN) {
-            run_vattn(g, &w->va, cur, nxt, n, hh, ww, cc);
-        } else {
-            for (int b = 0; b < n; b++) lp_upsample_nearest2x(cur + b * p * cc, g->c + b * 4 * p * cc, hh, ww, cc);
-            run_conv(g, &w->vd[o->i], g->c, n, 2 * hh, 2 * ww, nxt);
-        }
-        float *tmp = cur;
-        cur = nxt, nxt = tmp;
-    }
+    cur = run_vae_ops(g, w->vops, w->n_vops, w->vr, &w->va, w->vd, cur, n, &cc);
+    nxt = cur == g->a ? g->b : g->a;
     int f = 1 << (c->vae_levels - 1);
     int64_t op = px * f * f;
     run_gn(g, &w->d_norm, cur, nxt, n, op, cc, GN_EPS_XF, true);
