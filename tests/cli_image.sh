@@ -26,6 +26,7 @@ grep -q "424 tensors" "$work/err" && ok || bad "synth summary: $(cat "$work/err"
 run() { "$bin" image -m "$m" -p "a photo of a cat" -W 64 -H 32 --steps 2 -t 1 "$@" 2>"$work/err"; }
 run --seed 3 -o "$work/a.png" --latents-out "$work/a.lat" && ok || bad "image: $(cat "$work/err")"
 grep -q "step 2/2" "$work/err" && ok || bad "progress: $(cat "$work/err")"
+grep -Eq "text encoder [0-9]+ ms, UNet [0-9.]+ s/step \(2 steps, [0-9.]+ s\), VAE decoder [0-9.]+ s" "$work/err" && ok || bad "timings: $(cat "$work/err")"
 # PNG signature, then the IHDR chunk's width and height (big-endian)
 [ "$(head -c 8 "$work/a.png" | od -An -tx1 | tr -d ' \n')" = "89504e470d0a1a0a" ] && ok || bad "PNG signature"
 [ "$(od -An -tu1 -j 12 -N 4 "$work/a.png" | tr -s ' ')" = " 73 72 68 82" ] && ok || bad "no IHDR first"
@@ -75,6 +76,7 @@ PY
 }
 png "$work/white.png" 64 32 white; png "$work/half.png" 64 32 half; png "$work/small.png" 32 32 white
 run --seed 5 --init "$work/a.png" --strength 0.5 -o "$work/i.png" --latents-out "$work/i.lat" && ok || bad "--init: $(cat "$work/err")"
+grep -Eq "VAE encoder [0-9.]+ s, UNet [0-9.]+ s/step \(1 step," "$work/err" && ok || bad "--init timings: $(cat "$work/err")"
 grep -q "step 1/1" "$work/err" && ok || bad "--strength 0.5 of 2 steps: $(cat "$work/err")"
 ! cmp -s "$work/i.lat" "$work/a.lat" && ok || bad "--init ignored"
 run --seed 5 --init "$work/a.png" --strength 0.5 --mask "$work/white.png" -o "$work/j.png" --latents-out "$work/j.lat" && cmp -s "$work/i.lat" "$work/j.lat" && ok || bad "white mask != image to image: $(cat "$work/err")"

@@ -159,12 +159,16 @@ static bool find_merges(const char *model, char *out, size_t cap) {
 }
 
 typedef struct progress {
-    double start;
+    double start, first; /* the run's start; the end of step 1 */
 } progress;
 
+/* s/step from step 2 on counts the steps alone (step 1's time includes the
+ * text encoder) */
 static void on_step(void *ctx, int step, int steps) {
     progress *p = ctx;
-    double el = lp_now_seconds() - p->start, per = el / step;
+    double now = lp_now_seconds();
+    if (step == 1) p->first = now;
+    double per = step == 1 ? now - p->start : (now - p->first) / (step - 1);
     int bar = 30 * step / steps;
     fprintf(stderr, "\r[%.*s%*s] step %d/%d  %.2f s/step  ETA %.0f s ", bar,
             "==============================", 30 - bar, "", step, steps, per, per * (steps - step));
@@ -463,12 +467,13 @@ int cli_image(int argc, char **argv) {
         goto done;
     }
     progress pr = {.start = lp_now_seconds()};
+    lp_sd_timings tm = {0};
     lp_sd_gen_params gp = {.prompt = prompts[0], .prompts = image_prompts, .batch = B, .image_loras = sets,
                            .negative = negative, .width = (int)width, .height = (int)height,
                            .steps = (int)steps, .cfg = (float)cfg, .sampler = sampler, .scheduler = scheduler,
                            .seed = (uint64_t)seed, .clip_skip = (int)clip_skip, .n_threads = (int)threads,
                            .int8_activations = precision == 2, .noise = noise, .loras = uses, .on_step = on_step, .step_ctx = &pr,
-                           .init = init, .strength = (float)strength, .mask = mask};
+                           .init = init, .strength = (float)strength, .mask = mask, .timings = &tm};
     if (lp_sd_generate(w, tok, &gp, lat, rgb, &err)) {
         cli_fail("image", &err);
         goto done;
@@ -487,6 +492,10 @@ int cli_image(int argc, char **argv) {
         fprintf(stderr, "loraplex: wrote %s (%ldx%ld, %s, %ld steps, cfg %g, seed %ld)\n", path, width, height,
                 lp_sd_sampler_name(sampler), steps, cfg, seed + b);
     }
+    fprintf(stderr, "loraplex: text encoder %.0f ms, ", tm.text * 1e3);
+    if (init) fprintf(stderr, "VAE encoder %.2f s, ", tm.encode);
+    fprintf(stderr, "UNet %.2f s/step (%d step%s, %.1f s), VAE decoder %.2f s\n", tm.steps ? tm.unet / tm.steps : 0.0,
+            tm.steps, tm.steps == 1 ? "" : "s", tm.unet, tm.decode);
     fprintf(stderr, "loraplex: %d image%s in %.1f s\n", B, B > 1 ? "s" : "", lp_now_seconds() - pr.start);
     rc = 0;
 done:

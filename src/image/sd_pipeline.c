@@ -192,15 +192,19 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
             rl[row] = *loras;
         }
     }
+    int start = p->init ? p->steps - (int)(p->steps * p->strength) : 0; /* the first step run */
+    lp_sd_timings tm = {.steps = p->steps - start};
+    double t0 = lp_now_seconds();
     if (lp_sd_graph_set_loras(g, rl, rows, err)) goto done;
     if (lp_sd_text_encode(g, ids, rows, p->clip_skip, ctx, err)) goto done;
+    double t1 = lp_now_seconds();
+    tm.text = t1 - t0;
     lp_sd_weights_evict(w, LP_SD_PART_TE);
     if (lp_sd_sigmas(sched, p->sampler, p->scheduler, p->steps, sigmas)) {
         lp_fail(err, "no schedule for %d steps", p->steps);
         goto done;
     }
     /* the init: its latent (the whole image; an inpainting UNet's extra input: the masked pixels zeroed) */
-    int start = p->init ? p->steps - (int)(p->steps * p->strength) : 0;
     if (p->init) {
         image_in(p->init, NULL, npix, c->vae_img, img);
         if (lp_sd_vae_encode(g, img, 1, z0, err)) goto done;
@@ -216,6 +220,8 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     } else if (p->mask) {
         latent_mask(p->mask, p->width, lh, lw, false, extra);
     }
+    double t2 = lp_now_seconds();
+    tm.encode = t2 - t1;
     /* initial latents: image b's noise from seed + b (so it is the image a run with that seed alone makes),
      * channel-major as the file layout, times the first sigma run, on the init's latent if any */
     for (int b = 0; b < B; b++) {
@@ -238,6 +244,8 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
     if (lp_sd_sample(p->sampler, sigmas + start, p->steps - start, x, B * n, denoise, &d, rng, B, scratch, p->on_step,
                      p->step_ctx, err))
         goto done;
+    double t3 = lp_now_seconds();
+    tm.unet = t3 - t2;
     lp_sd_weights_evict(w, LP_SD_PART_UNET);
     if (blend) { /* sigma 0: outside the mask, the init's latent itself */
         keep_unmasked(&d, x, 0.0, xb);
@@ -257,6 +265,8 @@ int lp_sd_generate(const lp_sd_weights *w, const lp_clip_tokenizer *tok, const l
                 out[i * 3 + ch] = (uint8_t)(u <= 0 ? 0 : u >= 255 ? 255 : lrintf(u));
             }
     }
+    tm.decode = lp_now_seconds() - t3;
+    if (p->timings) *p->timings = tm;
     rc = 0;
 done:
     free(sched), free(ids), free(ctx), free(x), free(xin), free(eps), free(extra), free(sigmas), free(img), free(rl);

@@ -16,6 +16,16 @@
 
 #define LP_SD_MAX_IMAGES 32
 
+/* Where a run's time went, in seconds (lp_sd_generate fills it when
+ * lp_sd_gen_params.timings is set). */
+typedef struct lp_sd_timings {
+    double text;   /* the prompts' tokens through the text encoder */
+    double encode; /* the VAE encoder (image to image, inpainting) */
+    double unet;   /* the sampler's steps (UNet calls and guidance) */
+    int steps;     /* steps run */
+    double decode; /* the VAE decoder, every image */
+} lp_sd_timings;
+
 typedef struct lp_sd_gen_params {
     const char *prompt, *negative; /* negative NULL: "" */
     int width, height;             /* pixels, multiples of 8 * 2^(UNet levels - 1) */
@@ -51,6 +61,7 @@ typedef struct lp_sd_gen_params {
     const uint8_t *mask;
     lp_sd_step_fn on_step;
     void *step_ctx;
+    lp_sd_timings *timings; /* NULL, or filled */
 } lp_sd_gen_params;
 
 /* latents_out (may be NULL): the final latents [batch][4][h/8][w/8]
