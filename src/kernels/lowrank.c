@@ -22,11 +22,6 @@ static const float *tap_source(const lp_conv2d_shape *s, const float *x, int64_t
     return x + ((img * s->h + iy) * s->w + ix) * s->cin;
 }
 
-/* A tap outside the input reads these (inputs of up to this many channels
- * take the AVX-512 path when the shape is padded). */
-#define ZERO_ROW 4096
-static const float zero_row[ZERO_ROW];
-
 /* ---- reference ---------------------------------------------------------------- */
 
 #define REF_CHUNK 64
@@ -68,6 +63,11 @@ static void up_ref(int64_t i0, int64_t i1, int32_t r, const float *t, const floa
 #include <immintrin.h>
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
+
+/* A tap outside the input reads these (inputs of up to this many channels
+ * take the AVX-512 path when the shape is padded). */
+#define ZERO_ROW 4096
+static const float zero_row[ZERO_ROW];
 #define INLINE static inline __attribute__((always_inline))
 #define DOWN_PX 8 /* output pixels per block: 8 x 2 accumulators */
 #define UP_ROWS 4 /* rows per block: 4 x 4 accumulators over 64 outputs */
