@@ -365,6 +365,9 @@ static void test_lowrank(const lp_kernels *levels, int n_levels, lp_threadpool *
                       4, 5);
     test_lowrank_case(levels, n_levels, pool,
                       (lp_conv2d_shape){.n = 2, .h = 8, .w = 6, .cin = 5, .kh = 3, .kw = 3, .stride = 2, .pad_after = 1}, 12, 20);
+    /* padded, with more channels than the SIMD paths' zero row: the reference runs it */
+    test_lowrank_case(levels, n_levels, pool,
+                      (lp_conv2d_shape){.n = 1, .h = 3, .w = 2, .cin = 4100, .kh = 3, .kw = 3, .stride = 1, .pad = 1}, 3, 5);
 }
 
 int main(void) {
@@ -382,7 +385,13 @@ int main(void) {
         test_attention(&levels[l], NULL);
         test_attention(&levels[l], pool);
     }
-    test_lowrank(levels, 2, pool);
+    lp_kernels lowrank_levels[3] = {levels[0], levels[1]};
+    int n_lowrank = 2;
+#if defined(__x86_64__)
+    lp_kernels_init_capped(&lowrank_levels[n_lowrank++], &cpu, LP_CPU_CAP_AVX2); /* the AVX2 path on any x86 */
+#endif
+    test_lowrank(lowrank_levels, n_lowrank, pool);
+    if (n_lowrank > 2) lp_kernels_free(&lowrank_levels[2]);
     test_norms();
     test_activations();
     test_upsample();

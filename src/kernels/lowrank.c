@@ -1,7 +1,7 @@
 /* The two passes of a runtime low-rank adapter (image_ops.h). Both are
  * outer products: each output element is one fmaf chain over the reduced
  * dimension in a fixed order, and a vector lane is just another output
- * element, so the AVX-512 path gives the reference's bits and a batch row
+ * element, so the AVX-512 and AVX2 paths give the reference's bits and a batch row
  * gets the same bits wherever it sits. A rank is far too short a reduction
  * for lp_matmul's dot-product tiles, whose horizontal sums would cost more
  * than the products. */
@@ -154,6 +154,88 @@ AVX512 static void up_avx512(int64_t i0, int64_t i1, int32_t r, const float *t, 
             }
     }
 }
+/* ---- AVX2 (16 registers: 4 pixels x 16 rank columns, 4 rows x 16 outputs) ------ */
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define DOWN2_PX 4
+#define UP2_ROWS 4
+
+AVX2 static inline __m256i lanes8(int64_t n) {
+    return _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(n < 0 ? 0 : n > 8 ? 8 : n)), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+}
+
+/* Pixels [q, q + np) (np <= DOWN2_PX), rank columns [j0, j0 + 16); as down_block */
+AVX2 INLINE void down_block2(const lp_conv2d_shape *s, const float *dt, int32_t r, int32_t j0, float scale,
+                             const float *x, float *t, int64_t q, int np) {
+    __m256i m0 = lanes8(r - j0), m1 = lanes8(r - j0 - 8);
+    __m256 acc[DOWN2_PX][2];
+    for (int p = 0; p < DOWN2_PX; p++) acc[p][0] = acc[p][1] = _mm256_setzero_ps();
+    for (int32_t ky = 0; ky < s->kh; ky++)
+        for (int32_t kx = 0; kx < s->kw; kx++) {
+            const float *src[DOWN2_PX];
+            for (int p = 0; p < DOWN2_PX; p++) {
+                src[p] = tap_source(s, x, q + (p < np ? p : 0), ky, kx);
+                if (!src[p]) src[p] = zero_row;
+            }
+            const float *w = dt + (int64_t)(ky * s->kw + kx) * s->cin * r + j0;
+            for (int32_t c = 0; c < s->cin; c++, w += r) {
+                __m256 w0 = _mm256_maskload_ps(w, m0), w1 = _mm256_maskload_ps(w + 8, m1);
+                for (int p = 0; p < DOWN2_PX; p++) {
+                    __m256 b = _mm256_broadcast_ss(src[p] + c);
+                    acc[p][0] = _mm256_fmadd_ps(b, w0, acc[p][0]);
+                    acc[p][1] = _mm256_fmadd_ps(b, w1, acc[p][1]);
+                }
+            }
+        }
+    __m256 sc = _mm256_set1_ps(scale);
+    for (int p = 0; p < DOWN2_PX; p++)
+        if (p < np) {
+            float *dst = t + (q + p) * r + j0;
+            _mm256_maskstore_ps(dst, m0, _mm256_mul_ps(acc[p][0], sc));
+            _mm256_maskstore_ps(dst + 8, m1, _mm256_mul_ps(acc[p][1], sc));
+        }
+}
+
+AVX2 static void down_avx2(const lp_conv2d_shape *s, const float *dt, int32_t r, float scale, const float *x,
+                           float *t, int64_t q0, int64_t q1) {
+    for (int64_t q = q0; q < q1; q += DOWN2_PX) {
+        int np = (int)(q1 - q < DOWN2_PX ? q1 - q : DOWN2_PX);
+        for (int32_t j0 = 0; j0 < r; j0 += 16) down_block2(s, dt, r, j0, scale, x, t, q, np);
+    }
+}
+
+/* Rows [i, i + nr) (nr <= UP2_ROWS), outputs [o0, o0 + 16); as up_block */
+AVX2 INLINE void up_block2(int64_t i, int nr, int32_t r, const float *t, const float *ut, int64_t out, int64_t o0,
+                           float *y, int64_t y_stride) {
+    __m256i m[2] = {lanes8(out - o0), lanes8(out - o0 - 8)};
+    __m256 acc[UP2_ROWS][2];
+    for (int a = 0; a < nr; a++)
+        for (int v = 0; v < 2; v++) acc[a][v] = _mm256_maskload_ps(y + (i + a) * y_stride + o0 + 8 * v, m[v]);
+    for (int32_t j = 0; j < r; j++) {
+        const float *u = ut + (int64_t)j * out + o0;
+        __m256 w[2] = {_mm256_maskload_ps(u, m[0]), _mm256_maskload_ps(u + 8, m[1])};
+        for (int a = 0; a < nr; a++) {
+            __m256 b = _mm256_broadcast_ss(t + (i + a) * r + j);
+            for (int v = 0; v < 2; v++) acc[a][v] = _mm256_fmadd_ps(b, w[v], acc[a][v]);
+        }
+    }
+    for (int a = 0; a < nr; a++)
+        for (int v = 0; v < 2; v++) _mm256_maskstore_ps(y + (i + a) * y_stride + o0 + 8 * v, m[v], acc[a][v]);
+}
+
+AVX2 static void up_avx2(int64_t i0, int64_t i1, int32_t r, const float *t, const float *ut, int64_t out, float *y,
+                         int64_t y_stride) {
+    for (int64_t it = i0; it < i1; it += UP_TILE) {
+        int64_t ie = i1 - it < UP_TILE ? i1 : it + UP_TILE;
+        for (int64_t o0 = 0; o0 < out; o0 += 16)
+            for (int64_t i = it; i < ie; i += UP2_ROWS) {
+                if (ie - i >= UP2_ROWS) up_block2(i, UP2_ROWS, r, t, ut, out, o0, y, y_stride);
+                else if (ie - i == 3) up_block2(i, 3, r, t, ut, out, o0, y, y_stride);
+                else if (ie - i == 2) up_block2(i, 2, r, t, ut, out, o0, y, y_stride);
+                else up_block2(i, 1, r, t, ut, out, o0, y, y_stride);
+            }
+    }
+}
 #endif
 
 /* ---- dispatch and threads ----------------------------------------------------- */
@@ -175,8 +257,8 @@ static void down_worker(void *ctx, int thread_index, int n_threads) {
     lp_split_range(j->n, thread_index, n_threads, 8, &q0, &q1);
     if (q0 >= q1) return;
 #if defined(__x86_64__)
-    if (j->level >= 2 && (j->s->pad == 0 || j->s->cin <= ZERO_ROW)) {
-        down_avx512(j->s, j->dt, j->r, j->scale, j->x, j->out, q0, q1);
+    if (j->level >= 1 && (j->s->pad + j->s->pad_after == 0 || j->s->cin <= ZERO_ROW)) {
+        (j->level >= 2 ? down_avx512 : down_avx2)(j->s, j->dt, j->r, j->scale, j->x, j->out, q0, q1);
         return;
     }
 #endif
@@ -189,8 +271,8 @@ static void up_worker(void *ctx, int thread_index, int n_threads) {
     lp_split_range(j->n, thread_index, n_threads, 4, &i0, &i1);
     if (i0 >= i1) return;
 #if defined(__x86_64__)
-    if (j->level >= 2) {
-        up_avx512(i0, i1, j->r, j->t, j->ut, j->width, j->out, j->y_stride);
+    if (j->level >= 1) {
+        (j->level >= 2 ? up_avx512 : up_avx2)(i0, i1, j->r, j->t, j->ut, j->width, j->out, j->y_stride);
         return;
     }
 #endif
