@@ -571,8 +571,8 @@ struct lp_sd_graph {
     float *a, *b, *c, *d, *e, *skips, *temb, *temb_s, *embo, *ctx_kv, *conv_scratch, *attn_scratch;
     /* text encoder */
     float *tx, *th, *tqkv, *tff;
-    /* adapters: each batch row's (lp_sd_graph_set_loras), and their
-     * scratch: the down projection [rows][rank], up in chunks [rows][out] */
+    /* adapters: each batch row's (lp_sd_graph_set_loras), and the scratch
+     * of their passes (the expand adds into the module's output in place) */
     lp_sd_row_loras rows[MAX_BATCH];
     int n_lora_rows;
     float *lora_t; /* [rows][rank]: an adapter's shrunk rows */
