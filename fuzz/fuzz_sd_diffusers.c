@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/stat.h>
+#include <unistd.h>
 
 #include "image/sd.h"
 #include "image/sd_graph.h"
@@ -23,18 +24,29 @@ static const char *const files[6] = {"text_encoder/model.safetensors", "unet/dif
                                      "vae/diffusion_pytorch_model.safetensors", "text_encoder/config.json",
                                      "unet/config.json", "vae/config.json"};
 
+static const char *const parts[3] = {"text_encoder", "unet", "vae"};
+
 /* the folder, made on the first call (the harness's only state) */
+static char dir[64];
+
+/* at exit: the folder and what the last input wrote into it */
+static void remove_folder(void) {
+    char path[160];
+    for (int i = 0; i < 6; i++) snprintf(path, sizeof path, "%s/%s", dir, files[i]), remove(path);
+    for (int i = 0; i < 3; i++) snprintf(path, sizeof path, "%s/%s", dir, parts[i]), rmdir(path);
+    rmdir(dir);
+}
+
 static const char *folder(void) {
-    static char dir[64];
     if (!dir[0]) {
         snprintf(dir, sizeof dir, "/tmp/fuzz_sd_diffusers_XXXXXX");
         if (!mkdtemp(dir)) abort();
         char sub[128];
-        static const char *const parts[3] = {"text_encoder", "unet", "vae"};
         for (int i = 0; i < 3; i++) {
             snprintf(sub, sizeof sub, "%s/%s", dir, parts[i]);
             mkdir(sub, 0700);
         }
+        atexit(remove_folder);
     }
     return dir;
 }
