@@ -64,11 +64,23 @@ static void up_ref(int64_t i0, int64_t i1, int32_t r, const float *t, const floa
 
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma")))
 
+#define INLINE static inline __attribute__((always_inline))
+
 /* A tap outside the input reads these (inputs of up to this many channels
- * take the AVX-512 path when the shape is padded). */
+ * take the SIMD paths when the shape is padded). */
 #define ZERO_ROW 4096
 static const float zero_row[ZERO_ROW];
-#define INLINE static inline __attribute__((always_inline))
+
+/* The rows n pixels of a SIMD shrink block read under tap (ky, kx): pixel
+ * q + p's, zero_row outside the input, pixel q's again past np (results
+ * dropped), so the block's loops have constant trip counts. */
+INLINE void block_sources(const lp_conv2d_shape *s, const float *x, int64_t q, int np, int32_t ky, int32_t kx, int n,
+                          const float **src) {
+    for (int p = 0; p < n; p++) {
+        src[p] = tap_source(s, x, q + (p < np ? p : 0), ky, kx);
+        if (!src[p]) src[p] = zero_row;
+    }
+}
 #define DOWN_PX 8 /* output pixels per block: 8 x 2 accumulators */
 #define UP_ROWS 4 /* rows per block: 4 x 4 accumulators over 64 outputs */
 #define UP_TILE 16
@@ -87,10 +99,7 @@ AVX512 INLINE void down_block(const lp_conv2d_shape *s, const float *dt, int32_t
     for (int32_t ky = 0; ky < s->kh; ky++)
         for (int32_t kx = 0; kx < s->kw; kx++) {
             const float *src[DOWN_PX];
-            for (int p = 0; p < DOWN_PX; p++) {
-                src[p] = tap_source(s, x, q + (p < np ? p : 0), ky, kx);
-                if (!src[p]) src[p] = zero_row;
-            }
+            block_sources(s, x, q, np, ky, kx, DOWN_PX, src);
             const float *w = dt + (int64_t)(ky * s->kw + kx) * s->cin * r + j0;
             for (int32_t c = 0; c < s->cin; c++, w += r) {
                 __m512 w0 = _mm512_maskz_loadu_ps(m0, w), w1 = _mm512_maskz_loadu_ps(m1, w + 16);
@@ -173,10 +182,7 @@ AVX2 INLINE void down_block2(const lp_conv2d_shape *s, const float *dt, int32_t 
     for (int32_t ky = 0; ky < s->kh; ky++)
         for (int32_t kx = 0; kx < s->kw; kx++) {
             const float *src[DOWN2_PX];
-            for (int p = 0; p < DOWN2_PX; p++) {
-                src[p] = tap_source(s, x, q + (p < np ? p : 0), ky, kx);
-                if (!src[p]) src[p] = zero_row;
-            }
+            block_sources(s, x, q, np, ky, kx, DOWN2_PX, src);
             const float *w = dt + (int64_t)(ky * s->kw + kx) * s->cin * r + j0;
             for (int32_t c = 0; c < s->cin; c++, w += r) {
                 __m256 w0 = _mm256_maskload_ps(w, m0), w1 = _mm256_maskload_ps(w + 8, m1);
