@@ -3,8 +3,8 @@
 # gcc-aarch64-linux-gnu) and with clang (--target=aarch64-linux-gnu on that
 # toolchain's headers, crt files and libgcc: the Android NDK has only clang),
 # both on the arm64 multiarch libraries, and runs the C test suite of each
-# under qemu-aarch64 with -cpu max, so the NEON dotprod kernels are the ones
-# tested. Installs what is missing (needs root then); safe to run again.
+# under qemu-aarch64 with -cpu max, so the NEON dotprod kernels and their
+# i8mm (smmla) copy are the ones tested. Installs what is missing (needs root then); safe to run again.
 #   usage: .ci/aarch64.sh   (build dirs: build-aarch64 and build-aarch64-clang,
 #                            or $BUILD and $BUILD_CLANG; $COMPILERS: "gcc clang")
 set -euo pipefail
@@ -48,12 +48,15 @@ build_and_test() {
   # The whole C test suite runs through CMAKE_CROSSCOMPILING_EMULATOR; the
   # shell tests drive the CLI binary directly and stay on the host build.
   ctest --test-dir "$build" --output-on-failure -E '^cli_' -j"$(nproc)"
-  # test_intkernels prints the integer level it ran; it must be the NEON one.
+  # test_intkernels prints the integer levels it ran; they must include the
+  # NEON dotprod kernels and their i8mm (smmla) copy, which -cpu max has.
   # (Output captured first: grep -q closing the pipe early must not fail it.)
   local out
   out=$(qemu-aarch64 "$build/test_intkernels")
-  grep -q "integer kernel level: neon-dotprod" <<<"$out" ||
+  grep -qx "integer kernel level: neon-dotprod" <<<"$out" ||
     { echo "aarch64.sh: $name: the NEON dotprod kernels were not selected" >&2; exit 1; }
+  grep -qx "integer kernel level: neon-dotprod (i8mm)" <<<"$out" ||
+    { echo "aarch64.sh: $name: the NEON i8mm kernels were not selected" >&2; exit 1; }
   echo "$name: $(grep "integer kernel level: " <<<"$out" | tail -n 1)"
 }
 

@@ -12,13 +12,13 @@
 #include <string.h>
 
 /* Integer levels in cap order (LP_CPU_CAP_*): what each cap allows. */
-static int int_rank(int int_level) {
-    switch (int_level) {
+static int int_rank(const lp_kernels *k) {
+    switch (k->int_level) {
     case LP_INT_AVX2: return LP_CPU_CAP_AVX2;
     case LP_INT_AVXVNNI: return LP_CPU_CAP_AVXVNNI;
     case LP_INT_AVX512VNNI: return LP_CPU_CAP_AVX512VNNI;
     case LP_INT_AMX: return LP_CPU_CAP_AMX;
-    case LP_INT_NEON_DOT: return LP_CPU_CAP_NEON_DOT;
+    case LP_INT_NEON_DOT: return k->i8mm ? LP_CPU_CAP_NEON_I8MM : LP_CPU_CAP_NEON_DOT;
     default: return LP_CPU_CAP_REFERENCE;
     }
 }
@@ -43,6 +43,9 @@ static void test_names(void) {
     CHECK(lp_cpu_cap_parse("neon-dotprod", &cap) == -1); /* another architecture's */
 #elif defined(__aarch64__)
     CHECK(lp_cpu_cap_parse("neon-dotprod", &cap) == 0 && cap == LP_CPU_CAP_NEON_DOT);
+    CHECK(lp_cpu_cap_parse("neon-i8mm", &cap) == 0 && cap == LP_CPU_CAP_NEON_I8MM);
+    CHECK(lp_cpu_cap_parse("I8MM", &cap) == 0 && cap == LP_CPU_CAP_NEON_I8MM);
+    CHECK(strcmp(names, "neon-i8mm, neon-dotprod, reference") == 0);
     CHECK(lp_cpu_cap_parse("avx2", &cap) == -1);
 #endif
     static const char *const bad[] = {"", "avx", "avx512-", "avx2 ", "sse4", "amx,avx2", "native"};
@@ -79,6 +82,7 @@ static int all_caps(int caps[8]) {
     caps[n++] = LP_CPU_CAP_AVXVNNI;
     caps[n++] = LP_CPU_CAP_AVX2;
 #elif defined(__aarch64__)
+    caps[n++] = LP_CPU_CAP_NEON_I8MM;
     caps[n++] = LP_CPU_CAP_NEON_DOT;
 #endif
     caps[n++] = LP_CPU_CAP_REFERENCE;
@@ -97,7 +101,7 @@ static void test_levels(void) {
         int cap = caps[i];
         lp_kernels k, e;
         lp_kernels_init_capped(&k, &cpu, cap);
-        int top = int_rank(native.int_level) < cap ? int_rank(native.int_level) : cap;
+        int top = int_rank(&native) < cap ? int_rank(&native) : cap;
 #if defined(__x86_64__)
         /* x86 integer levels: reference, avx2, avx-vnni (the AVX-VNNI flag
          * without AVX-512 VNNI, or under its cap), avx512-vnni, amx; the
@@ -119,11 +123,13 @@ static void test_levels(void) {
             CHECK(k.dot_f32 == lp_dot_f32_ref && k.round_f16 == lp_round_f16 && !k.vbmi);
         setenv(LP_CPU_ENV, lp_cpu_cap_name(cap), 1);
         lp_kernels_init(&e, &cpu);
-        CHECK(e.int_level == k.int_level && e.level == k.level && e.vbmi == k.vbmi && e.cpu_cap == cap &&
-              !e.cpu_cap_invalid);
+        CHECK(e.int_level == k.int_level && e.level == k.level && e.vbmi == k.vbmi && e.i8mm == k.i8mm &&
+              e.cpu_cap == cap && !e.cpu_cap_invalid);
+        CHECK_MSG(k.i8mm == (top == LP_CPU_CAP_NEON_I8MM), "cap %s: i8mm %d", lp_cpu_cap_name(cap), k.i8mm);
         char line[256];
         lp_kernels_describe(&k, line, sizeof line);
-        bool lowered = k.int_level != native.int_level || k.level != native.level || k.vbmi != native.vbmi;
+        bool lowered = k.int_level != native.int_level || k.level != native.level || k.vbmi != native.vbmi ||
+                       k.i8mm != native.i8mm;
         CHECK_MSG(strncmp(line, lp_int_level_name(want_int), strlen(lp_int_level_name(want_int))) == 0 &&
                       (strstr(line, "capped by LORAPLEX_CPU=") != NULL) == lowered,
                   "cap %s: '%s'", lp_cpu_cap_name(cap), line);

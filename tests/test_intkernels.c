@@ -318,6 +318,10 @@ static int int_levels(int_level_setup out[6]) {
         out[n].k.int_level = LP_INT_AVX512VNNI;
         out[n++].k.vbmi = false;
     }
+    if (best.i8mm) { /* and the dotprod kernels of Arm CPUs without i8mm */
+        out[n].k = best;
+        out[n++].k.i8mm = false;
+    }
     if (best.int_level != LP_INT_REF && best.int_level != LP_INT_AVX2 && best.int_level != LP_INT_AVXVNNI)
         out[n++].k = best;
     return n;
@@ -356,8 +360,8 @@ static void test_matmul(void) {
     int n_levels = int_levels(levels);
     for (int l = 0; l < n_levels; l++) {
         CHECK(lp_kernels_reserve(&levels[l].k, 64, 1024, &err) == 0);
-        printf("integer kernel level: %s%s\n", lp_int_level_name(levels[l].k.int_level),
-               levels[l].k.vbmi ? " (vbmi)" : "");
+        printf("integer kernel level: %s%s%s\n", lp_int_level_name(levels[l].k.int_level),
+               levels[l].k.vbmi ? " (vbmi)" : "", levels[l].k.i8mm ? " (i8mm)" : "");
     }
     static const mm_case cases[] = {
         {LP_W4, 32, 37, 96},  {LP_W4, 64, 16, 128}, {LP_W4, 128, 100, 256}, {LP_W4, 32, 1, 32},

@@ -86,7 +86,7 @@ typedef struct lp_cpu_features {
     bool avx2, fma, f16c;
     bool avx512f, avx512bw, avx512vl, avx512vnni, avx512vbmi, avx512bf16;
     bool avxvnni;
-    bool neon, dotprod;
+    bool neon, dotprod, i8mm; /* i8mm: the int8 matrix multiply-accumulate (smmla) */
 } lp_cpu_features;
 
 void lp_cpu_detect(lp_cpu_features *out);

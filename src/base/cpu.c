@@ -44,11 +44,15 @@ void lp_cpu_detect(lp_cpu_features *f) {
 #ifndef HWCAP_ASIMDDP
 #define HWCAP_ASIMDDP (1 << 20)
 #endif
+#ifndef HWCAP2_I8MM
+#define HWCAP2_I8MM (1 << 13)
+#endif
 void lp_cpu_detect(lp_cpu_features *f) {
     memset(f, 0, sizeof *f);
     f->neon = true;
     unsigned long caps = getauxval(AT_HWCAP);
     f->dotprod = (caps & HWCAP_ASIMDDP) != 0;
+    f->i8mm = (getauxval(AT_HWCAP2) & HWCAP2_I8MM) != 0;
 }
 #else
 void lp_cpu_detect(lp_cpu_features *f) { memset(f, 0, sizeof *f); }
@@ -68,6 +72,7 @@ void lp_cpu_describe(const lp_cpu_features *f, char *buf, size_t cap) {
         {offsetof(lp_cpu_features, avxvnni), "avxvnni"},
         {offsetof(lp_cpu_features, neon), "neon"},
         {offsetof(lp_cpu_features, dotprod), "dotprod"},
+        {offsetof(lp_cpu_features, i8mm), "i8mm"},
     };
     size_t used = 0;
     if (cap) buf[0] = 0;

@@ -198,6 +198,10 @@ static igemm_fn pick_kernel(const lp_kernels *k, uint32_t type, int group, int64
 #if defined(LP_HAVE_NEON_DOT)
     case LP_INT_NEON_DOT: {
         static const kernel_set neon = {lp_w4_gemm_neon, lp_w8_gemm_neon, lp_w4c_gemm_neon};
+#if defined(LP_HAVE_NEON_I8MM)
+        static const kernel_set i8mm = {lp_w4_gemm_neon_i8mm, lp_w8_gemm_neon_i8mm, lp_w4c_gemm_neon_i8mm};
+        if (k->i8mm && nb >= 2) return by_type(i8mm, type);
+#endif
         return by_type(neon, type);
     }
 #endif

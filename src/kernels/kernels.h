@@ -110,6 +110,9 @@ typedef struct lp_kernels {
     int int_level; /* packed integer paths: LP_INT_* */
     /* LP_INT_AVX512VNNI / LP_INT_AMX: W4C decode kernels use AVX512-VBMI */
     bool vbmi;
+    /* LP_INT_NEON_DOT: batches of 2+ rows run pairs of rows through the
+     * int8 matrix multiply (smmla) */
+    bool i8mm;
     /* LP_W4/LP_W8: quantize activations to int8 per group and run integer
      * dot products (default). false: W4A16/W8A16 (dequantize + float). */
     bool int8_activations;
@@ -130,20 +133,20 @@ typedef struct lp_kernels {
  * measured as an AVX-512 VNNI one). AVXVNNI: the AVX2 float kernels with
  * the AVX-VNNI integer ones (a client core without AVX-512); AVX512: the
  * AVX-512 float kernels with the AVX2 integer ones (the AVX-512 CPUs
- * without VNNI have no AVX-VNNI either); NEON_DOT: Arm's only level above
- * the reference.
+ * without VNNI have no AVX-VNNI either); NEON_DOT: Arm's dotprod kernels
+ * without the i8mm ones; NEON_I8MM: both (the top Arm level).
  * Every level gives the integer kernels' bits, so a cap changes speed, not
  * results (the float kernels of different levels may differ in the last
  * bits). */
 enum { LP_CPU_CAP_REFERENCE = 0, LP_CPU_CAP_AVX2, LP_CPU_CAP_AVXVNNI, LP_CPU_CAP_AVX512, LP_CPU_CAP_AVX512VNNI, LP_CPU_CAP_AMX,
-       LP_CPU_CAP_NEON_DOT, LP_CPU_CAP_NONE };
+       LP_CPU_CAP_NEON_DOT, LP_CPU_CAP_NEON_I8MM, LP_CPU_CAP_NONE };
 /* The environment variable, and the values it takes on this build's
  * architecture, as a list for messages: x86-64 "amx, avx512-vnni, avx512,
- * avx-vnni, avx2, reference"; aarch64 "neon-dotprod, reference". */
+ * avx-vnni, avx2, reference"; aarch64 "neon-i8mm, neon-dotprod, reference". */
 #define LP_CPU_ENV "LORAPLEX_CPU"
 const char *lp_cpu_cap_names(void);
 /* Parses a cap name (case-insensitive; "amx-int8" = "amx", "avx512vnni" =
- * "avx512-vnni", "avxvnni" = "avx-vnni", "dotprod" = "neon-dotprod", "ref" / "c" = "reference") into
+ * "avx512-vnni", "avxvnni" = "avx-vnni", "dotprod" = "neon-dotprod", "i8mm" = "neon-i8mm", "ref" / "c" = "reference") into
  * *cap. Returns 0, or -1 for anything else, names of another architecture
  * included. */
 int lp_cpu_cap_parse(const char *text, int *cap);

@@ -217,6 +217,13 @@ bool lp_claims_next(lp_panel_claims *c, int ti, int64_t *p0, int64_t *p1, int64_
 void lp_w4_gemm_neon(const lp_igemm *g);
 void lp_w8_gemm_neon(const lp_igemm *g);
 void lp_w4c_gemm_neon(const lp_igemm *g);
+/* The same with pairs of batch rows through smmla (intmatmul_neon_i8mm.c;
+ * run only where getauxval reports i8mm). Clang builds that file for
+ * +dotprod+i8mm (CMake), as it does the dotprod one. */
+#define LP_HAVE_NEON_I8MM 1
+void lp_w4_gemm_neon_i8mm(const lp_igemm *g);
+void lp_w8_gemm_neon_i8mm(const lp_igemm *g);
+void lp_w4c_gemm_neon_i8mm(const lp_igemm *g);
 #endif
 
 /* Dequantizes columns [c0, c0+n) of the 16 rows of panel p into

@@ -52,7 +52,8 @@ static const cap_alias k_caps[] = {
     {"amx-int8", LP_CPU_CAP_AMX},      {"avx512vnni", LP_CPU_CAP_AVX512VNNI},  {"avx512_vnni", LP_CPU_CAP_AVX512VNNI},
     {"avxvnni", LP_CPU_CAP_AVXVNNI},   {"avx_vnni", LP_CPU_CAP_AVXVNNI},
 #elif defined(__aarch64__)
-    {"neon-dotprod", LP_CPU_CAP_NEON_DOT}, {"reference", LP_CPU_CAP_REFERENCE}, {"dotprod", LP_CPU_CAP_NEON_DOT},
+    {"neon-i8mm", LP_CPU_CAP_NEON_I8MM}, {"neon-dotprod", LP_CPU_CAP_NEON_DOT}, {"reference", LP_CPU_CAP_REFERENCE},
+    {"i8mm", LP_CPU_CAP_NEON_I8MM},      {"dotprod", LP_CPU_CAP_NEON_DOT},
 #else
     {"reference", LP_CPU_CAP_REFERENCE},
 #endif
@@ -63,7 +64,7 @@ const char *lp_cpu_cap_names(void) {
 #if defined(__x86_64__)
     return "amx, avx512-vnni, avx512, avx-vnni, avx2, reference";
 #elif defined(__aarch64__)
-    return "neon-dotprod, reference";
+    return "neon-i8mm, neon-dotprod, reference";
 #else
     return "reference";
 #endif
@@ -156,7 +157,10 @@ void lp_kernels_init_capped(lp_kernels *k, const lp_cpu_features *cpu, int cap) 
     else if (k->int_level == LP_INT_AVXVNNI)
         k->lora_static = &lp_lora_static_avxvnni;
 #elif defined(LP_HAVE_NEON_DOT)
-    if (cpu->dotprod) k->int_level = LP_INT_NEON_DOT;
+    if (cpu->dotprod) {
+        k->int_level = LP_INT_NEON_DOT;
+        k->i8mm = cpu->i8mm && cap != LP_CPU_CAP_NEON_DOT;
+    }
 #endif
 }
 
@@ -168,12 +172,14 @@ void lp_kernels_describe(const lp_kernels *k, char *buf, size_t cap) {
     if (!cap) return;
     lp_kernels native;
     lp_kernels_init_capped(&native, &k->cpu, LP_CPU_CAP_NONE);
-    int w = snprintf(buf, cap, "%s%s (float %s)", lp_int_level_name(k->int_level),
-                     k->vbmi ? " vbmi" : "", float_level_name(k->level));
+    int w = snprintf(buf, cap, "%s%s%s (float %s)", lp_int_level_name(k->int_level), k->vbmi ? " vbmi" : "",
+                     k->i8mm ? " i8mm" : "", float_level_name(k->level));
     if (w < 0 || (size_t)w >= cap || k->cpu_cap == LP_CPU_CAP_NONE) return;
-    bool lowered = native.int_level != k->int_level || native.level != k->level || native.vbmi != k->vbmi;
-    snprintf(buf + w, cap - (size_t)w, ", %s %s=%s (this CPU: %s%s, float %s)", lowered ? "capped by" : "not lowered by",
-             LP_CPU_ENV, lp_cpu_cap_name(k->cpu_cap), lp_int_level_name(native.int_level), native.vbmi ? " vbmi" : "",
+    bool lowered = native.int_level != k->int_level || native.level != k->level || native.vbmi != k->vbmi ||
+                   native.i8mm != k->i8mm;
+    snprintf(buf + w, cap - (size_t)w, ", %s %s=%s (this CPU: %s%s%s, float %s)",
+             lowered ? "capped by" : "not lowered by", LP_CPU_ENV, lp_cpu_cap_name(k->cpu_cap),
+             lp_int_level_name(native.int_level), native.vbmi ? " vbmi" : "", native.i8mm ? " i8mm" : "",
              float_level_name(native.level));
 }
 
