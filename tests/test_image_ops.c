@@ -283,6 +283,11 @@ static void test_attention(const lp_kernels *k, lp_threadpool *pool) {
     test_attention_case(k, pool, 150, 150, 3, 8, false, 4.0f);  /* large scores: the running max must rescale */
     test_attention_case(k, pool, 77, 77, 2, 16, true, 2.0f);    /* CLIP's causal 77 tokens */
     test_attention_case(k, pool, 130, 130, 1, 4, true, 3.0f);   /* causal over several key tiles */
+    /* SD's head widths (40: five value tiles of 8; 80) over ragged query
+     * blocks of 32 and key tiles of 8 and 64; a causal block boundary */
+    test_attention_case(k, pool, 100, 77, 2, 40, false, 2.0f);
+    test_attention_case(k, pool, 33, 133, 1, 80, false, 3.0f);
+    test_attention_case(k, pool, 70, 70, 2, 12, true, 2.0f);
 }
 
 /* ---- low-rank adapter passes ----------------------------------------------------- */

@@ -1,5 +1,6 @@
 /* The ops of an image model, channels last (see image_ops.h). Plain C: the
- * heavy part of a convolution is lp_matmul's, which has the SIMD paths. */
+ * heavy part of a convolution is lp_matmul's, which has the SIMD paths;
+ * attention is in attention.c, the adapters' passes in lowrank.c. */
 #include "image_ops.h"
 
 #include <float.h>
@@ -183,102 +184,4 @@ void lp_upsample_nearest2x(const float *x, float *y, int64_t h, int64_t w, int64
     for (int64_t yy = 0; yy < 2 * h; yy++)
         for (int64_t xx = 0; xx < 2 * w; xx++)
             memcpy(y + (yy * 2 * w + xx) * c, x + ((yy / 2) * w + xx / 2) * c, bytes);
-}
-
-/* ---- attention ---------------------------------------------------------------------- */
-
-/* One thread's scratch: scores [QT][KT], accumulators [QT][d], running
- * maximum and sum [QT] each. */
-static size_t attn_thread_floats(int64_t d) {
-    size_t f = (size_t)LP_ATTN_QUERY_TILE * ((size_t)LP_ATTN_KEY_TILE + (size_t)d + 2);
-    return (f + 15) & ~(size_t)15; /* 64-byte apart */
-}
-
-size_t lp_attention_scratch_floats(int n_threads, int64_t d) {
-    return (size_t)(n_threads > 0 ? n_threads : 1) * attn_thread_floats(d);
-}
-
-typedef struct attn_job {
-    const lp_kernels *k;
-    const lp_attn_shape *s;
-    const float *q, *key, *v;
-    float *out, *scratch;
-} attn_job;
-
-/* Queries [i0, i0 + nq) of head h against every key, a key tile at a time:
- * for each tile the running maximum m rises to cover the tile's scores, what
- * was accumulated so far is rescaled by exp(m_old - m_new), and the tile's
- * exp(s - m_new) are added to the sum and, times v, to the accumulator. */
-static void attn_block(const attn_job *j, int32_t h, int64_t i0, int64_t nq, float *sc) {
-    const lp_attn_shape *s = j->s;
-    int64_t d = s->d;
-    float *scores = sc, *acc = sc + LP_ATTN_QUERY_TILE * LP_ATTN_KEY_TILE;
-    float *m = acc + LP_ATTN_QUERY_TILE * d, *l = m + LP_ATTN_QUERY_TILE;
-    for (int64_t i = 0; i < nq; i++) {
-        m[i] = -FLT_MAX;
-        l[i] = 0;
-        memset(acc + i * d, 0, (size_t)d * sizeof(float));
-    }
-    int64_t nk = s->nk;
-    if (s->causal && i0 + nq < nk) nk = i0 + nq; /* no query of this block sees further */
-    for (int64_t j0 = 0; j0 < nk; j0 += LP_ATTN_KEY_TILE) {
-        int64_t nt = nk - j0 < LP_ATTN_KEY_TILE ? nk - j0 : LP_ATTN_KEY_TILE;
-        for (int64_t i = 0; i < nq; i++) {
-            const float *qi = j->q + (i0 + i) * s->q_stride + (int64_t)h * d;
-            float *si = scores + i * LP_ATTN_KEY_TILE;
-            int64_t vis = nt;
-            if (s->causal) {
-                vis = i0 + i + 1 - j0; /* keys j0 .. i0+i */
-                if (vis > nt) vis = nt;
-                if (vis <= 0) continue;
-            }
-            float tmax = -FLT_MAX;
-            for (int64_t t = 0; t < vis; t++) {
-                const float *kj = j->key + (j0 + t) * s->k_stride + (int64_t)h * d;
-                si[t] = s->scale * j->k->dot_f32(qi, kj, d);
-                if (si[t] > tmax) tmax = si[t];
-            }
-            float mnew = tmax > m[i] ? tmax : m[i];
-            float corr = expf(m[i] - mnew); /* 0 on the first tile: m = -FLT_MAX */
-            float *ai = acc + i * d;
-            if (corr != 1.0f) {
-                for (int64_t c = 0; c < d; c++) ai[c] *= corr;
-            }
-            float sum = 0;
-            for (int64_t t = 0; t < vis; t++) {
-                float p = expf(si[t] - mnew);
-                sum += p;
-                j->k->axpy_f32(ai, p, j->v + (j0 + t) * s->v_stride + (int64_t)h * d, d);
-            }
-            l[i] = l[i] * corr + sum;
-            m[i] = mnew;
-        }
-    }
-    for (int64_t i = 0; i < nq; i++) {
-        float *o = j->out + (i0 + i) * s->out_stride + (int64_t)h * d;
-        float inv = l[i] > 0 ? 1.0f / l[i] : 0.0f;
-        for (int64_t c = 0; c < d; c++) o[c] = acc[i * d + c] * inv;
-    }
-}
-
-static void attn_worker(void *ctx, int ti, int nt) {
-    const attn_job *j = ctx;
-    int64_t qblocks = (j->s->nq + LP_ATTN_QUERY_TILE - 1) / LP_ATTN_QUERY_TILE;
-    int64_t begin, end;
-    lp_split_range(qblocks * j->s->heads, ti, nt, 1, &begin, &end);
-    float *sc = j->scratch + (size_t)ti * attn_thread_floats(j->s->d);
-    for (int64_t w = begin; w < end; w++) {
-        int32_t h = (int32_t)(w / qblocks);
-        int64_t i0 = (w % qblocks) * LP_ATTN_QUERY_TILE;
-        int64_t nq = j->s->nq - i0 < LP_ATTN_QUERY_TILE ? j->s->nq - i0 : LP_ATTN_QUERY_TILE;
-        attn_block(j, h, i0, nq, sc);
-    }
-}
-
-void lp_attention_tiled(const lp_kernels *k, lp_threadpool *pool, const lp_attn_shape *s, const float *q,
-                        const float *key, const float *v, float *out, float *scratch) {
-    attn_job job = {.k = k, .s = s, .q = q, .key = key, .v = v, .out = out, .scratch = scratch};
-    /* small problems run inline: waking the pool costs more */
-    if ((double)s->nq * (double)s->nk * (double)s->d * s->heads < 65536.0) pool = NULL;
-    lp_threadpool_run(pool, attn_worker, &job);
 }

@@ -118,7 +118,7 @@ void lp_upsample_nearest2x(const float *x, float *y, int64_t h, int64_t w, int64
  * Keys run in tiles of LP_ATTN_KEY_TILE with a streaming (online) softmax:
  * a running maximum and sum per query, so the nq x nk score matrix never
  * exists; work is split over (head, tile of LP_ATTN_QUERY_TILE queries). */
-#define LP_ATTN_QUERY_TILE 16
+#define LP_ATTN_QUERY_TILE 32
 #define LP_ATTN_KEY_TILE 64
 typedef struct lp_attn_shape {
     int64_t nq, nk; /* queries, keys (= values) */

@@ -9,6 +9,8 @@
 #define AVX512 __attribute__((target("avx512f,avx512bw,avx512vl,avx2,fma,f16c")))
 #define INLINE static inline __attribute__((always_inline))
 
+#include "exp_avx512.h"
+
 /* 16 weights starting at element i of a float or f16 row. */
 AVX512 INLINE __m512 load_w(const void *row, int64_t i, bool f16) {
     if (f16) return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)((const uint16_t *)row + i)));
@@ -233,25 +235,6 @@ AVX512 void lp_axpy_avx512(float *y, float a, const float *x, int64_t n) {
         __m512 v = _mm512_add_ps(_mm512_maskz_loadu_ps(m, y + i), _mm512_mul_ps(av, _mm512_maskz_loadu_ps(m, x + i)));
         _mm512_mask_storeu_ps(y + i, m, v);
     }
-}
-
-/* e^x for 16 lanes: x = n ln2 + r with |r| <= ln2/2 (ln2 split in two so
- * n ln2 is exact), e^r by its degree-6 Taylor polynomial (error below 2e-7
- * relative on that interval), then scaled by 2^n. Inputs are clamped to
- * [-103, 88.7]: below, the result flushes towards 0 as expf does. */
-AVX512 INLINE __m512 exp16(__m512 x) {
-    x = _mm512_min_ps(_mm512_max_ps(x, _mm512_set1_ps(-103.0f)), _mm512_set1_ps(88.7f));
-    __m512 n = _mm512_roundscale_ps(_mm512_mul_ps(x, _mm512_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT);
-    __m512 r = _mm512_fnmadd_ps(n, _mm512_set1_ps(0.693145752f), x);
-    r = _mm512_fnmadd_ps(n, _mm512_set1_ps(1.42860677e-6f), r);
-    __m512 p = _mm512_set1_ps(1.0f / 720.0f);
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 120.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 24.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f / 6.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(0.5f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(1.0f));
-    return _mm512_scalef_ps(p, n);
 }
 
 /* The reference's steps (max, exponentials summed in double, one scale)
