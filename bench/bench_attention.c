@@ -1,6 +1,7 @@
 /* Micro-benchmark of lp_attention_tiled on SD 1.5 shapes (not a test): the
- * plain path (one query at a time: dot, expf, axpy; what the AVX2 and
- * reference levels run) against the AVX-512 block of 32 queries.
+ * plain path (one query at a time: dot, expf, axpy; the reference level)
+ * against the AVX2 block of 16 queries (LORAPLEX_CPU=avx2's level) and the
+ * AVX-512 block of 32.
  *
  *   cmake --build build --target bench_attention
  *   build/bench_attention [threads] [repeats]
@@ -31,9 +32,11 @@ int main(int argc, char **argv) {
     if (threads < 1 || repeats < 1 || repeats > 99) return fprintf(stderr, "usage: bench_attention [threads] [repeats]\n"), 2;
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
-    lp_kernels native, plain;
-    lp_kernels_init_capped(&native, &cpu, LP_CPU_CAP_NONE);
-    lp_kernels_init_capped(&plain, &cpu, LP_CPU_CAP_AVX2);
+    lp_kernels lv[3];
+    lp_kernels_init_reference(&lv[0]);
+    lp_kernels_init_capped(&lv[1], &cpu, LP_CPU_CAP_AVX2);
+    lp_kernels_init_capped(&lv[2], &cpu, LP_CPU_CAP_NONE);
+    static const char *const names[3] = {"plain", "avx2", "avx512"};
     lp_error err = {0};
     lp_threadpool *pool = threads > 1 ? lp_threadpool_create(threads, &err) : NULL;
     if (threads > 1 && !pool) return fprintf(stderr, "%s\n", err.message), 1;
@@ -51,12 +54,12 @@ int main(int argc, char **argv) {
         lp_attn_shape s = {.nq = sh->nq, .nk = sh->nk, .heads = sh->heads, .d = sh->d, .q_stride = w,
                            .k_stride = 2 * w, .v_stride = 2 * w, .out_stride = w,
                            .scale = 1.0f / sqrtf((float)sh->d), .causal = sh->nq == 77 && sh->nk == 77};
-        double best[2], med[2];
-        for (int lvl = 0; lvl < 2; lvl++) {
+        double best[3], med[3];
+        for (int lvl = 0; lvl < 3; lvl++) {
             double t[99];
             for (int k = 0; k < repeats; k++) {
                 double t0 = lp_now_seconds();
-                lp_attention_tiled(lvl ? &native : &plain, pool, &s, q, kv, kv + w, out, scratch);
+                lp_attention_tiled(&lv[lvl], pool, &s, q, kv, kv + w, out, scratch);
                 t[k] = lp_now_seconds() - t0;
             }
             qsort(t, (size_t)repeats, sizeof *t, cmp_double);
@@ -64,9 +67,11 @@ int main(int argc, char **argv) {
             med[lvl] = t[repeats / 2];
         }
         double flops = 4.0 * (double)sh->nq * (double)sh->nk * (double)sh->d * sh->heads;
-        printf("%-26s plain %8.2f / %8.2f (%5.1f) | block %8.2f / %8.2f (%5.1f) | %.2fx\n", sh->name, 1e3 * best[0],
-               1e3 * med[0], flops / best[0] * 1e-9, 1e3 * best[1], 1e3 * med[1], flops / best[1] * 1e-9,
-               best[0] / best[1]);
+        printf("%-26s", sh->name);
+        for (int lvl = 0; lvl < 3; lvl++)
+            printf(" | %s %7.2f / %7.2f (%5.1f GFLOP/s, %5.2fx)", names[lvl], 1e3 * best[lvl], 1e3 * med[lvl],
+                   flops / best[lvl] * 1e-9, best[0] / best[lvl]);
+        printf("\n");
         free(q), free(kv), free(out), free(scratch);
     }
     lp_threadpool_destroy(pool);

@@ -240,6 +240,152 @@ AVX512 static void block_avx512(const lp_attn_shape *s, const float *q, const fl
     }
 }
 
+
+/* ---- the AVX2 block: the same steps on 8 lanes ------------------------------------- */
+
+#define AVX2 __attribute__((target("avx2,fma")))
+#define QB2 16 /* queries per block: two vectors (16 registers in all) */
+#define KB2 4
+#define CB2 4
+
+/* e^x on 8 lanes, exp16's steps; 2^n built in the exponent bits (n is in
+ * [-149, 128] after the clamp: split in two factors so both are normal). */
+AVX2 INLINE __m256 exp8(__m256 x) {
+    x = _mm256_min_ps(_mm256_max_ps(x, _mm256_set1_ps(-103.0f)), _mm256_set1_ps(88.7f));
+    __m256 n = _mm256_round_ps(_mm256_mul_ps(x, _mm256_set1_ps(1.44269504f)), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+    __m256 r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693145752f), x);
+    r = _mm256_fnmadd_ps(n, _mm256_set1_ps(1.42860677e-6f), r);
+    __m256 p = _mm256_set1_ps(1.0f / 720.0f);
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 120.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 24.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f / 6.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(0.5f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(1.0f));
+    __m256i ni = _mm256_cvtps_epi32(n), half = _mm256_srai_epi32(ni, 1);
+    __m256 s1 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(half, _mm256_set1_epi32(127)), 23));
+    __m256 s2 = _mm256_castsi256_ps(_mm256_slli_epi32(_mm256_add_epi32(_mm256_sub_epi32(ni, half), _mm256_set1_epi32(127)), 23));
+    return _mm256_mul_ps(_mm256_mul_ps(p, s1), s2);
+}
+
+AVX2 INLINE void score_tile8(const float *qt, int64_t d, const float *kp, int64_t ks, int KN, float *st) {
+    __m256 acc[KB2][2];
+    for (int k = 0; k < KN; k++) acc[k][0] = acc[k][1] = _mm256_setzero_ps();
+    for (int64_t c = 0; c < d; c++) {
+        __m256 qa = _mm256_loadu_ps(qt + c * QB2), qb = _mm256_loadu_ps(qt + c * QB2 + 8);
+        for (int k = 0; k < KN; k++) {
+            __m256 kv = _mm256_broadcast_ss(kp + k * ks + c);
+            acc[k][0] = _mm256_fmadd_ps(qa, kv, acc[k][0]);
+            acc[k][1] = _mm256_fmadd_ps(qb, kv, acc[k][1]);
+        }
+    }
+    for (int k = 0; k < KN; k++) {
+        _mm256_storeu_ps(st + k * QB2, acc[k][0]);
+        _mm256_storeu_ps(st + k * QB2 + 8, acc[k][1]);
+    }
+}
+
+AVX2 INLINE void mix_tile8(float *ot, const float *st, const float *vp, int64_t vs, int64_t nt, int CN) {
+    __m256 acc[CB2][2];
+    for (int c = 0; c < CN; c++) {
+        acc[c][0] = _mm256_loadu_ps(ot + c * QB2);
+        acc[c][1] = _mm256_loadu_ps(ot + c * QB2 + 8);
+    }
+    for (int64_t t = 0; t < nt; t++) {
+        __m256 pa = _mm256_loadu_ps(st + t * QB2), pb = _mm256_loadu_ps(st + t * QB2 + 8);
+        for (int c = 0; c < CN; c++) {
+            __m256 vv = _mm256_broadcast_ss(vp + t * vs + c);
+            acc[c][0] = _mm256_fmadd_ps(pa, vv, acc[c][0]);
+            acc[c][1] = _mm256_fmadd_ps(pb, vv, acc[c][1]);
+        }
+    }
+    for (int c = 0; c < CN; c++) {
+        _mm256_storeu_ps(ot + c * QB2, acc[c][0]);
+        _mm256_storeu_ps(ot + c * QB2 + 8, acc[c][1]);
+    }
+}
+
+#define CASES4(CALL) CALL(1) CALL(2) CALL(3) CALL(4)
+
+AVX2 static void score_tile8_n(const float *qt, int64_t d, const float *kp, int64_t ks, int n, float *st) {
+    switch (n) {
+#define SCORE(N) \
+    case N: score_tile8(qt, d, kp, ks, N, st); break;
+        CASES4(SCORE)
+#undef SCORE
+    default: break;
+    }
+}
+
+AVX2 static void mix_tile8_n(float *ot, const float *st, const float *vp, int64_t vs, int64_t nt, int n) {
+    switch (n) {
+#define MIX(N) \
+    case N: mix_tile8(ot, st, vp, vs, nt, N); break;
+        CASES4(MIX)
+#undef MIX
+    default: break;
+    }
+}
+
+/* visible() on 8 lanes: all ones where query i0 + lane0 + lane sees key j. */
+AVX2 INLINE __m256 visible8(int64_t j, int64_t i0, int lane0) {
+    int64_t first = j - i0 - lane0; /* the first lane that sees key j */
+    if (first <= 0) return _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+    if (first >= 8) return _mm256_setzero_ps();
+    __m256i lanes = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+    return _mm256_castsi256_ps(_mm256_cmpgt_epi32(lanes, _mm256_set1_epi32((int32_t)first - 1)));
+}
+
+AVX2 static void block_avx2(const lp_attn_shape *s, const float *q, const float *key, const float *v, float *out,
+                            int32_t h, int64_t i0, int64_t nq, float *sc) {
+    const int64_t d = s->d, KT = LP_ATTN_KEY_TILE;
+    float *qt = sc, *ot = qt + d * QB2, *st = ot + d * QB2, *l = st + KT * QB2; /* within attn_thread_floats */
+    for (int64_t c = 0; c < d; c++)
+        for (int i = 0; i < QB2; i++) qt[c * QB2 + i] = i < nq ? s->scale * q[(i0 + i) * s->q_stride + h * d + c] : 0.0f;
+    memset(ot, 0, sizeof(float) * (size_t)(d * QB2));
+    __m256 mv[2] = {_mm256_set1_ps(-FLT_MAX), _mm256_set1_ps(-FLT_MAX)}, lv[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t nk = s->nk;
+    if (s->causal && i0 + nq < nk) nk = i0 + nq;
+    for (int64_t j0 = 0; j0 < nk; j0 += KT) {
+        int64_t nt = nk - j0 < KT ? nk - j0 : KT;
+        const float *kp = key + j0 * s->k_stride + h * d;
+        for (int64_t t = 0; t < nt; t += KB2)
+            score_tile8_n(qt, d, kp + t * s->k_stride, s->k_stride, (int)(nt - t < KB2 ? nt - t : KB2), st + t * QB2);
+        for (int half = 0; half < 2; half++) {
+            __m256 tmax = _mm256_set1_ps(-FLT_MAX), all = _mm256_castsi256_ps(_mm256_set1_epi32(-1));
+            for (int64_t t = 0; t < nt; t++) {
+                __m256 vis = s->causal ? visible8(j0 + t, i0, 8 * half) : all;
+                tmax = _mm256_blendv_ps(tmax, _mm256_max_ps(tmax, _mm256_loadu_ps(st + t * QB2 + 8 * half)), vis);
+            }
+            __m256 mnew = _mm256_max_ps(mv[half], tmax);
+            __m256 corr = exp8(_mm256_sub_ps(mv[half], mnew));
+            __m256 sum = _mm256_setzero_ps();
+            for (int64_t t = 0; t < nt; t++) {
+                float *row = st + t * QB2 + 8 * half;
+                __m256 vis = s->causal ? visible8(j0 + t, i0, 8 * half) : all;
+                __m256 p = _mm256_and_ps(vis, exp8(_mm256_sub_ps(_mm256_loadu_ps(row), mnew)));
+                sum = _mm256_add_ps(sum, p);
+                _mm256_storeu_ps(row, p);
+            }
+            for (int64_t c = 0; c < d; c++)
+                _mm256_storeu_ps(ot + c * QB2 + 8 * half, _mm256_mul_ps(_mm256_loadu_ps(ot + c * QB2 + 8 * half), corr));
+            lv[half] = _mm256_fmadd_ps(lv[half], corr, sum);
+            mv[half] = mnew;
+        }
+        const float *vp = v + j0 * s->v_stride + h * d;
+        for (int64_t c = 0; c < d; c += CB2)
+            mix_tile8_n(ot + c * QB2, st, vp + c, s->v_stride, nt, (int)(d - c < CB2 ? d - c : CB2));
+    }
+    for (int half = 0; half < 2; half++) {
+        __m256 pos = _mm256_cmp_ps(lv[half], _mm256_setzero_ps(), _CMP_GT_OQ);
+        _mm256_storeu_ps(l + 8 * half, _mm256_and_ps(pos, _mm256_div_ps(_mm256_set1_ps(1.0f), lv[half])));
+    }
+    for (int64_t i = 0; i < nq; i++) {
+        float *o = out + (i0 + i) * s->out_stride + h * d;
+        for (int64_t c = 0; c < d; c++) o[c] = ot[c * QB2 + i] * l[i];
+    }
+}
+
 #endif
 
 static void attn_worker(void *ctx, int ti, int nt) {
@@ -255,6 +401,11 @@ static void attn_worker(void *ctx, int ti, int nt) {
 #if defined(__x86_64__)
         if (j->k->level >= 2) {
             block_avx512(j->s, j->q, j->key, j->v, j->out, h, i0, nq, sc);
+            continue;
+        }
+        if (j->k->level == 1) { /* two blocks of 16 */
+            block_avx2(j->s, j->q, j->key, j->v, j->out, h, i0, nq < QB2 ? nq : QB2, sc);
+            if (nq > QB2) block_avx2(j->s, j->q, j->key, j->v, j->out, h, i0 + QB2, nq - QB2, sc);
             continue;
         }
 #endif
