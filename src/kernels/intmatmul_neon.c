@@ -131,9 +131,9 @@ DOT INLINE void tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, in
 }
 
 #if defined(LP_NEON_I8MM)
-/* Two rows of 8 bytes each, as smmla's 2 x 8 operand: the first 4 bytes of
- * each 32-bit lane pair (rows 4q, 4q+1 of a register) joined with the same
- * rows of b, the inputs that follow them. */
+/* smmla's 2 x 8 weight operand from two registers of 4 rows x 4 inputs (a:
+ * inputs n..n+3, b: n+4..n+7): rows01 takes the first two rows, each its 4
+ * bytes of a then its 4 of b; rows23 the last two. */
 DOT INLINE int8x16_t rows01(int8x16_t a, int8x16_t b) {
     return vreinterpretq_s8_s32(vzip1q_s32(vreinterpretq_s32_s8(a), vreinterpretq_s32_s8(b)));
 }
