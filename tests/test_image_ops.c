@@ -123,44 +123,60 @@ static void test_conv(const lp_kernels *k, lp_threadpool *pool) {
 
 /* ---- norms ------------------------------------------------------------------------- */
 
-static void test_norms(void) {
+/* GroupNorm of npix pixels x c channels in groups against the naive double
+ * one; on the pool (and in place), the same bits as on one thread. */
+static void test_group_norm_case(lp_threadpool *pool, int64_t npix, int64_t c, int groups) {
     lp_rng r;
-    lp_rng_seed(&r, 11);
-    enum { NPIX = 13, C = 64, G = 32 };
-    float x[NPIX * C], y[NPIX * C], gamma[C], beta[C];
-    double ref[NPIX * C];
-    fill(&r, x, NPIX * C, 3.0f);
-    for (int i = 0; i < NPIX * C; i++) x[i] += 5.0f; /* an offset: the two-pass variance matters */
-    fill(&r, gamma, C, 1.0f);
-    fill(&r, beta, C, 1.0f);
+    lp_rng_seed(&r, (uint64_t)(npix * 7 + c));
+    int64_t n = npix * c, cg = c / groups;
+    float *x = malloc(sizeof(float) * (size_t)n), *y = malloc(sizeof(float) * (size_t)n);
+    float *y1 = malloc(sizeof(float) * (size_t)n), *gamma = malloc(sizeof(float) * (size_t)c);
+    float *beta = malloc(sizeof(float) * (size_t)c);
+    double *ref = malloc(sizeof(double) * (size_t)n);
+    double *scratch = malloc(sizeof(double) * lp_group_norm_scratch_doubles(groups));
+    fill(&r, x, n, 3.0f);
+    for (int64_t i = 0; i < n; i++) x[i] += 5.0f; /* an offset: the two-pass variance matters */
+    fill(&r, gamma, c, 1.0f);
+    fill(&r, beta, c, 1.0f);
     for (int silu = 0; silu < 2; silu++) {
-        for (int g = 0; g < G; g++) {
-            int cg = C / G;
+        for (int g = 0; g < groups; g++) {
             double sum = 0, ss = 0;
-            for (int p = 0; p < NPIX; p++)
-                for (int i = 0; i < cg; i++) sum += x[p * C + g * cg + i];
-            double mean = sum / (NPIX * cg);
-            for (int p = 0; p < NPIX; p++)
-                for (int i = 0; i < cg; i++) ss += pow(x[p * C + g * cg + i] - mean, 2);
-            double inv = 1.0 / sqrt(ss / (NPIX * cg) + 1e-5);
-            for (int p = 0; p < NPIX; p++)
-                for (int i = 0; i < cg; i++) {
-                    int c = g * cg + i;
-                    double v = (x[p * C + c] - mean) * inv * gamma[c] + beta[c];
-                    ref[p * C + c] = silu ? v / (1.0 + exp(-v)) : v;
+            for (int64_t p = 0; p < npix; p++)
+                for (int64_t i = 0; i < cg; i++) sum += x[p * c + g * cg + i];
+            double mean = sum / (double)(npix * cg);
+            for (int64_t p = 0; p < npix; p++)
+                for (int64_t i = 0; i < cg; i++) ss += pow(x[p * c + g * cg + i] - mean, 2);
+            double inv = 1.0 / sqrt(ss / (double)(npix * cg) + 1e-5);
+            for (int64_t p = 0; p < npix; p++)
+                for (int64_t i = 0; i < cg; i++) {
+                    int64_t ch = g * cg + i;
+                    double v = (x[p * c + ch] - mean) * inv * gamma[ch] + beta[ch];
+                    ref[p * c + ch] = silu ? v / (1.0 + exp(-v)) : v;
                 }
         }
-        lp_group_norm(x, y, NPIX, C, G, gamma, beta, 1e-5f, silu);
-        CHECK_MSG(max_rel(y, ref, NPIX * C) < 1e-5, "group norm%s: %g", silu ? "+silu" : "",
-                  max_rel(y, ref, NPIX * C));
-        memcpy(y, x, sizeof y); /* in place */
-        lp_group_norm(y, y, NPIX, C, G, gamma, beta, 1e-5f, silu);
-        CHECK(max_rel(y, ref, NPIX * C) < 1e-5);
+        lp_group_norm(NULL, x, y1, npix, c, groups, gamma, beta, 1e-5f, silu, scratch);
+        CHECK_MSG(max_rel(y1, ref, n) < 1e-5, "group norm %lld x %lld / %d%s: %g", (long long)npix, (long long)c,
+                  groups, silu ? " +silu" : "", max_rel(y1, ref, n));
+        memcpy(y, x, sizeof(float) * (size_t)n); /* in place, on the pool */
+        lp_group_norm(pool, y, y, npix, c, groups, gamma, beta, 1e-5f, silu, scratch);
+        CHECK_MSG(memcmp(y, y1, sizeof(float) * (size_t)n) == 0, "group norm %lld x %lld: threads change the bits",
+                  (long long)npix, (long long)c);
     }
+    free(x), free(y), free(y1), free(gamma), free(beta), free(ref), free(scratch);
+}
 
+static void test_norms(lp_threadpool *pool) {
+    test_group_norm_case(pool, 13, 64, 32);     /* fewer pixels than runs */
+    test_group_norm_case(pool, 1000, 320, 32);  /* two channel blocks, ragged runs, on the pool */
+    test_group_norm_case(pool, 4096, 128, 32);  /* the VAE's shape */
+    test_group_norm_case(pool, 300, 96, 3);     /* wide groups */
+    lp_rng r;
+    lp_rng_seed(&r, 11);
     enum { ROWS = 5, N = 48 };
-    float lx[ROWS * N], ly[ROWS * N];
+    float lx[ROWS * N], ly[ROWS * N], gamma[N], beta[N];
     double lref[ROWS * N];
+    fill(&r, gamma, N, 1.0f);
+    fill(&r, beta, N, 1.0f);
     fill(&r, lx, ROWS * N, 2.0f);
     for (int i = 0; i < ROWS * N; i++) lx[i] -= 4.0f;
     for (int row = 0; row < ROWS; row++) {
@@ -378,30 +394,27 @@ static void test_lowrank(const lp_kernels *levels, int n_levels, lp_threadpool *
 int main(void) {
     lp_cpu_features cpu;
     lp_cpu_detect(&cpu);
-    lp_kernels levels[2];
+    lp_kernels levels[3];
+    int n_levels = 2;
     lp_kernels_init_reference(&levels[0]);
     lp_kernels_init(&levels[1], &cpu);
+#if defined(__x86_64__)
+    lp_kernels_init_capped(&levels[n_levels++], &cpu, LP_CPU_CAP_AVX2); /* the AVX2 paths on any x86 */
+#endif
     lp_error err = {0};
     lp_threadpool *pool = lp_threadpool_create(3, &err);
     CHECK(pool != NULL);
-    for (int l = 0; l < 2; l++) {
+    for (int l = 0; l < n_levels; l++) {
         test_conv(&levels[l], NULL);
         test_conv(&levels[l], pool);
         test_attention(&levels[l], NULL);
         test_attention(&levels[l], pool);
     }
-    lp_kernels lowrank_levels[3] = {levels[0], levels[1]};
-    int n_lowrank = 2;
-#if defined(__x86_64__)
-    lp_kernels_init_capped(&lowrank_levels[n_lowrank++], &cpu, LP_CPU_CAP_AVX2); /* the AVX2 path on any x86 */
-#endif
-    test_lowrank(lowrank_levels, n_lowrank, pool);
-    if (n_lowrank > 2) lp_kernels_free(&lowrank_levels[2]);
-    test_norms();
+    test_lowrank(levels, n_levels, pool);
+    test_norms(pool);
     test_activations();
     test_upsample();
     lp_threadpool_destroy(pool);
-    lp_kernels_free(&levels[0]);
-    lp_kernels_free(&levels[1]);
+    for (int l = 0; l < n_levels; l++) lp_kernels_free(&levels[l]);
     return check_summary("test_image_ops");
 }

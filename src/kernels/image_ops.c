@@ -114,29 +114,101 @@ void lp_conv_weight_repack(const float *src, int64_t cout, int64_t cin, int64_t 
 
 static float silu1(float v) { return v / (1.0f + expf(-v)); }
 
-void lp_group_norm(const float *x, float *y, int64_t npix, int64_t c, int groups, const float *gamma,
-                   const float *beta, float eps, bool silu) {
-    int64_t cg = c / groups;
-    double count = (double)npix * (double)cg;
-    for (int g = 0; g < groups; g++) {
-        int64_t c0 = (int64_t)g * cg;
-        double sum = 0;
-        for (int64_t p = 0; p < npix; p++)
-            for (int64_t i = 0; i < cg; i++) sum += x[p * c + c0 + i];
-        double mean = sum / count, ss = 0;
-        for (int64_t p = 0; p < npix; p++)
-            for (int64_t i = 0; i < cg; i++) {
-                double dv = x[p * c + c0 + i] - mean;
-                ss += dv * dv;
-            }
-        float inv = (float)(1.0 / sqrt(ss / count + (double)eps)), m = (float)mean;
-        for (int64_t p = 0; p < npix; p++)
-            for (int64_t i = 0; i < cg; i++) {
-                int64_t at = p * c + c0 + i;
-                float v = (x[at] - m) * inv * gamma[c0 + i] + beta[c0 + i];
-                y[at] = silu ? silu1(v) : v;
-            }
+/* Statistics in LP_GN_CHUNKS runs of pixels fixed by npix alone, each
+ * summed into its own partials and the partials added in run order, so the
+ * result does not depend on the thread count. */
+size_t lp_group_norm_scratch_doubles(int groups) { return (size_t)(2 * LP_GN_CHUNKS + 2) * (size_t)groups; }
+
+typedef struct gn_job {
+    const float *x;
+    float *y;
+    int64_t npix, c, cg, chunk;
+    int groups;
+    const float *gamma, *beta;
+    bool silu;
+    double *sum, *ss;        /* [LP_GN_CHUNKS][groups] */
+    const double *mean, *inv; /* [groups], once the pass that needs them runs */
+    int pass;                 /* 0: sums, 1: squared deviations, 2: normalise */
+} gn_job;
+
+#define GN_BLOCK 256 /* channels per accumulator block */
+
+/* Run r's partials: per channel in double over the run's pixels (a block of
+ * channels at a time, contiguous, so it vectorises), then per group. */
+static void gn_stats(const gn_job *j, int64_t r) {
+    int64_t p0 = r * j->chunk, p1 = p0 + j->chunk < j->npix ? p0 + j->chunk : j->npix;
+    double *out = (j->pass == 0 ? j->sum : j->ss) + r * j->groups;
+    for (int g = 0; g < j->groups; g++) out[g] = 0;
+    for (int64_t c0 = 0; c0 < j->c; c0 += GN_BLOCK) {
+        int64_t nc = j->c - c0 < GN_BLOCK ? j->c - c0 : GN_BLOCK;
+        double acc[GN_BLOCK], m[GN_BLOCK];
+        for (int64_t i = 0; i < nc; i++) {
+            acc[i] = 0;
+            m[i] = j->pass == 0 ? 0.0 : j->mean[(c0 + i) / j->cg];
+        }
+        for (int64_t p = p0; p < p1; p++) {
+            const float *xp = j->x + p * j->c + c0;
+            if (j->pass == 0)
+                for (int64_t i = 0; i < nc; i++) acc[i] += xp[i];
+            else
+                for (int64_t i = 0; i < nc; i++) acc[i] += (xp[i] - m[i]) * (xp[i] - m[i]);
+        }
+        for (int64_t i = 0; i < nc; i++) out[(c0 + i) / j->cg] += acc[i];
     }
+}
+
+static void gn_normalise(const gn_job *j, int64_t r) {
+    int64_t p0 = r * j->chunk, p1 = p0 + j->chunk < j->npix ? p0 + j->chunk : j->npix;
+    for (int64_t p = p0; p < p1; p++) {
+        const float *xp = j->x + p * j->c;
+        float *yp = j->y + p * j->c;
+        for (int g = 0; g < j->groups; g++) {
+            float m = (float)j->mean[g], inv = (float)j->inv[g];
+            for (int64_t i = g * j->cg; i < (g + 1) * j->cg; i++) {
+                float v = (xp[i] - m) * inv * j->gamma[i] + j->beta[i];
+                yp[i] = j->silu ? silu1(v) : v;
+            }
+        }
+    }
+}
+
+static void gn_worker(void *ctx, int ti, int nt) {
+    const gn_job *j = ctx;
+    int64_t runs = (j->npix + j->chunk - 1) / j->chunk, begin, end;
+    lp_split_range(runs, ti, nt, 1, &begin, &end);
+    for (int64_t r = begin; r < end; r++) {
+        if (j->pass == 2) gn_normalise(j, r);
+        else gn_stats(j, r);
+    }
+}
+
+/* Per group, the runs' partials in run order. */
+static void gn_reduce(const double *part, int64_t runs, int groups, double *out) {
+    for (int g = 0; g < groups; g++) {
+        double t = 0;
+        for (int64_t r = 0; r < runs; r++) t += part[r * groups + g];
+        out[g] = t;
+    }
+}
+
+void lp_group_norm(lp_threadpool *pool, const float *x, float *y, int64_t npix, int64_t c, int groups,
+                   const float *gamma, const float *beta, float eps, bool silu, double *scratch) {
+    int64_t chunk = (npix + LP_GN_CHUNKS - 1) / LP_GN_CHUNKS, runs = (npix + chunk - 1) / chunk;
+    double *sum = scratch, *ss = sum + LP_GN_CHUNKS * groups, *mean = ss + LP_GN_CHUNKS * groups, *inv = mean + groups;
+    gn_job j = {.x = x, .y = y, .npix = npix, .c = c, .cg = c / groups, .chunk = chunk, .groups = groups,
+                .gamma = gamma, .beta = beta, .silu = silu, .sum = sum, .ss = ss, .mean = mean, .inv = inv};
+    /* small images run inline: waking the pool costs more */
+    if (npix * c < 16384) pool = NULL;
+    double count = (double)npix * (double)j.cg;
+    lp_threadpool_run(pool, gn_worker, &j);
+    gn_reduce(sum, runs, groups, mean);
+    for (int g = 0; g < groups; g++) mean[g] /= count;
+    j.pass = 1;
+    lp_threadpool_run(pool, gn_worker, &j);
+    gn_reduce(ss, runs, groups, inv);
+    for (int g = 0; g < groups; g++) inv[g] = 1.0 / sqrt(inv[g] / count + (double)eps);
+    j.pass = 2;
+    lp_threadpool_run(pool, gn_worker, &j);
 }
 
 void lp_layer_norm(float *out, const float *x, int64_t rows, int64_t n, const float *gamma, const float *beta,

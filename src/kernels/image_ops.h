@@ -85,9 +85,14 @@ void lp_conv_weight_repack(const float *src, int64_t cout, int64_t cin, int64_t 
 /* GroupNorm over one image of npix pixels and c channels (c a multiple of
  * groups): each group of c/groups consecutive channels is normalised over
  * all its npix*c/groups values (mean and variance in double, two passes),
- * then y = norm * gamma[ch] + beta[ch], then SiLU when silu. y may be x. */
-void lp_group_norm(const float *x, float *y, int64_t npix, int64_t c, int groups, const float *gamma,
-                   const float *beta, float eps, bool silu);
+ * then y = norm * gamma[ch] + beta[ch], then SiLU when silu. y may be x.
+ * Each pass runs over the pixels in order on pool's threads (NULL: this
+ * one); the statistics come out the same for any thread count. scratch:
+ * lp_group_norm_scratch_doubles(groups) doubles. */
+#define LP_GN_CHUNKS 64
+size_t lp_group_norm_scratch_doubles(int groups);
+void lp_group_norm(lp_threadpool *pool, const float *x, float *y, int64_t npix, int64_t c, int groups,
+                   const float *gamma, const float *beta, float eps, bool silu, double *scratch);
 /* LayerNorm of each of rows rows of n floats: (x - mean) / sqrt(var + eps)
  * * gamma + beta (statistics in double). out may be x. */
 void lp_layer_norm(float *out, const float *x, int64_t rows, int64_t n, const float *gamma, const float *beta,
