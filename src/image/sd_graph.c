@@ -569,7 +569,7 @@ struct lp_sd_graph {
     /* UNet / VAE: four activation buffers of s2 floats, one of s8 (the
      * transformer's q k v o and its feed-forward), the skips */
     float *a, *b, *c, *d, *e, *skips, *temb, *temb_s, *embo, *ctx_kv, *conv_scratch, *attn_scratch;
-    double *gn_scratch; /* lp_group_norm's partial sums */
+    float *gn_scratch; /* lp_group_norm's partial sums: doubles (64-byte aligned) */
     /* text encoder */
     float *tx, *th, *tqkv, *tff;
     /* adapters: each batch row's (lp_sd_graph_set_loras), and the scratch
@@ -679,7 +679,7 @@ lp_sd_graph *lp_sd_graph_create(const lp_sd_weights *w, int max_batch, int lat_h
         te_rows * c->te_dim, te_rows * c->te_dim, 4 * te_rows * c->te_dim, te_rows * c->te_ffn,
     };
     float **ptrs[] = {&g->a, &g->b, &g->c, &g->d, &g->e, &g->skips, &g->temb, &g->temb_s, &g->embo, &g->ctx_kv,
-                      &g->conv_scratch, &g->attn_scratch, (float **)&g->gn_scratch, &g->tx, &g->th, &g->tqkv, &g->tff};
+                      &g->conv_scratch, &g->attn_scratch, &g->gn_scratch, &g->tx, &g->th, &g->tqkv, &g->tff};
     int64_t total = 0;
     for (size_t i = 0; i < sizeof sizes / sizeof sizes[0]; i++) total += (sizes[i] + 15) & ~(int64_t)15;
     g->arena = lp_alloc_uninit((size_t)total * sizeof(float));
@@ -824,7 +824,7 @@ static void run_gn(const lp_sd_graph *g, const nrm *nm, const float *x, float *y
                    float eps, bool silu) {
     for (int i = 0; i < n; i++)
         lp_group_norm(g->pool, x + i * px * c, y + i * px * c, px, c, g->w->cfg.groups, nm->g, nm->b, eps, silu,
-                      g->gn_scratch);
+                      (double *)(void *)g->gn_scratch);
 }
 
 static void add(float *y, const float *x, int64_t n) {

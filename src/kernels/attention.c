@@ -1,20 +1,21 @@
 /* Multi-head attention in tiles with a streaming softmax (image_ops.h):
- * the plain path, one query at a time, and an AVX-512 block of 32 queries.
+ * the plain path (the reference level) and blocks of 32 queries (AVX-512)
+ * or 16 (AVX2) vectorised across the queries.
  *
  * The plain path takes one query at a time: a dot product per key (a
  * horizontal sum for a head width of 40), a scalar expf per score and an
- * axpy per key. The AVX-512 block transposes its queries once, Qt [d][32],
- * so that a score is one lane of an FMA: for each of 8 keys, 32 queries x
- * one key channel per pair of FMAs, the key's element broadcast. Scores go
- * to St [keys][32], one row per key; the running maximum, the
- * exponentials and the sums are then vertical operations on those rows,
- * and the values mix into a transposed accumulator Ot [d][32] the same
- * way (the value's element broadcast, a row of probabilities the vector).
- * Per (query, key) pair that is about 2d/16 FMAs plus a sixteenth of an
- * exponential. The softmax is the same streaming one (running maximum,
- * rescale by exp(m_old - m_new)), with the polynomial exp of the other
- * AVX-512 kernels: results agree with the plain path to float rounding,
- * not bit for bit (a float level, like lp_softmax_avx512). */
+ * axpy per key. A block transposes its queries once, Qt [d][32], so that a
+ * score is one lane of an FMA: for each of 8 keys, 32 queries x one key
+ * channel per pair of FMAs, the key's element broadcast. Scores go to St
+ * [keys][32], one row per key; the running maximum, the exponentials and
+ * the sums are then vertical operations on those rows, and the values mix
+ * into a transposed accumulator Ot [d][32] the same way (the value's
+ * element broadcast, a row of probabilities the vector). Per (query, key)
+ * pair that is about 2d/16 FMAs plus a sixteenth of an exponential. The
+ * softmax is the same streaming one (running maximum, rescale by
+ * exp(m_old - m_new)), with a polynomial exp: results agree with the plain
+ * path to float rounding, not bit for bit (float levels, like
+ * lp_softmax_avx512). */
 #include "image_ops.h"
 
 #include <float.h>

@@ -114,19 +114,19 @@ void lp_conv_weight_repack(const float *src, int64_t cout, int64_t cin, int64_t 
 
 static float silu1(float v) { return v / (1.0f + expf(-v)); }
 
-/* Statistics in LP_GN_CHUNKS runs of pixels fixed by npix alone, each
- * summed into its own partials and the partials added in run order, so the
- * result does not depend on the thread count. */
-size_t lp_group_norm_scratch_doubles(int groups) { return (size_t)(2 * LP_GN_CHUNKS + 2) * (size_t)groups; }
+/* Statistics in LP_GN_RUNS runs of pixels fixed by npix alone, each summed
+ * into its own partials and the partials added in run order, so the result
+ * does not depend on the thread count. */
+size_t lp_group_norm_scratch_doubles(int groups) { return (size_t)(2 * LP_GN_RUNS + 2) * (size_t)groups; }
 
 typedef struct gn_job {
     const float *x;
     float *y;
-    int64_t npix, c, cg, chunk;
+    int64_t npix, c, cg, run_px; /* pixels per run */
     int groups;
     const float *gamma, *beta;
     bool silu;
-    double *sum, *ss;        /* [LP_GN_CHUNKS][groups] */
+    double *sum, *ss;        /* [LP_GN_RUNS][groups] */
     const double *mean, *inv; /* [groups], once the pass that needs them runs */
     int pass;                 /* 0: sums, 1: squared deviations, 2: normalise */
 } gn_job;
@@ -136,7 +136,7 @@ typedef struct gn_job {
 /* Run r's partials: per channel in double over the run's pixels (a block of
  * channels at a time, contiguous, so it vectorises), then per group. */
 static void gn_stats(const gn_job *j, int64_t r) {
-    int64_t p0 = r * j->chunk, p1 = p0 + j->chunk < j->npix ? p0 + j->chunk : j->npix;
+    int64_t p0 = r * j->run_px, p1 = p0 + j->run_px < j->npix ? p0 + j->run_px : j->npix;
     double *out = (j->pass == 0 ? j->sum : j->ss) + r * j->groups;
     for (int g = 0; g < j->groups; g++) out[g] = 0;
     for (int64_t c0 = 0; c0 < j->c; c0 += GN_BLOCK) {
@@ -158,7 +158,7 @@ static void gn_stats(const gn_job *j, int64_t r) {
 }
 
 static void gn_normalise(const gn_job *j, int64_t r) {
-    int64_t p0 = r * j->chunk, p1 = p0 + j->chunk < j->npix ? p0 + j->chunk : j->npix;
+    int64_t p0 = r * j->run_px, p1 = p0 + j->run_px < j->npix ? p0 + j->run_px : j->npix;
     for (int64_t p = p0; p < p1; p++) {
         const float *xp = j->x + p * j->c;
         float *yp = j->y + p * j->c;
@@ -174,7 +174,7 @@ static void gn_normalise(const gn_job *j, int64_t r) {
 
 static void gn_worker(void *ctx, int ti, int nt) {
     const gn_job *j = ctx;
-    int64_t runs = (j->npix + j->chunk - 1) / j->chunk, begin, end;
+    int64_t runs = (j->npix + j->run_px - 1) / j->run_px, begin, end;
     lp_split_range(runs, ti, nt, 1, &begin, &end);
     for (int64_t r = begin; r < end; r++) {
         if (j->pass == 2) gn_normalise(j, r);
@@ -193,9 +193,9 @@ static void gn_reduce(const double *part, int64_t runs, int groups, double *out)
 
 void lp_group_norm(lp_threadpool *pool, const float *x, float *y, int64_t npix, int64_t c, int groups,
                    const float *gamma, const float *beta, float eps, bool silu, double *scratch) {
-    int64_t chunk = (npix + LP_GN_CHUNKS - 1) / LP_GN_CHUNKS, runs = (npix + chunk - 1) / chunk;
-    double *sum = scratch, *ss = sum + LP_GN_CHUNKS * groups, *mean = ss + LP_GN_CHUNKS * groups, *inv = mean + groups;
-    gn_job j = {.x = x, .y = y, .npix = npix, .c = c, .cg = c / groups, .chunk = chunk, .groups = groups,
+    int64_t run_px = (npix + LP_GN_RUNS - 1) / LP_GN_RUNS, runs = (npix + run_px - 1) / run_px;
+    double *sum = scratch, *ss = sum + LP_GN_RUNS * groups, *mean = ss + LP_GN_RUNS * groups, *inv = mean + groups;
+    gn_job j = {.x = x, .y = y, .npix = npix, .c = c, .cg = c / groups, .run_px = run_px, .groups = groups,
                 .gamma = gamma, .beta = beta, .silu = silu, .sum = sum, .ss = ss, .mean = mean, .inv = inv};
     /* small images run inline: waking the pool costs more */
     if (npix * c < 16384) pool = NULL;

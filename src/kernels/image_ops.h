@@ -89,7 +89,7 @@ void lp_conv_weight_repack(const float *src, int64_t cout, int64_t cin, int64_t 
  * Each pass runs over the pixels in order on pool's threads (NULL: this
  * one); the statistics come out the same for any thread count. scratch:
  * lp_group_norm_scratch_doubles(groups) doubles. */
-#define LP_GN_CHUNKS 64
+#define LP_GN_RUNS 64
 size_t lp_group_norm_scratch_doubles(int groups);
 void lp_group_norm(lp_threadpool *pool, const float *x, float *y, int64_t npix, int64_t c, int groups,
                    const float *gamma, const float *beta, float eps, bool silu, double *scratch);
