@@ -15,11 +15,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 
-typedef struct shape { const char *name; int64_t nq, nk, d; int heads; } shape;
+typedef struct shape { const char *name; int64_t nq, nk, d; int heads; bool causal; } shape;
 static const shape k_shapes[] = {
-    {"self, level 1, 256x256", 1024, 1024, 40, 8}, {"cross, level 1, 256x256", 1024, 77, 40, 8},
-    {"self, level 2, 256x256", 256, 256, 80, 8},   {"self, level 1, 512x512", 4096, 4096, 40, 8},
-    {"text encoder (causal)", 77, 77, 64, 12},
+    {"self, level 1, 256x256", 1024, 1024, 40, 8, false}, {"cross, level 1, 256x256", 1024, 77, 40, 8, false},
+    {"self, level 2, 256x256", 256, 256, 80, 8, false},   {"self, level 1, 512x512", 4096, 4096, 40, 8, false},
+    {"text encoder (causal)", 77, 77, 64, 12, true},
 };
 
 static int cmp_double(const void *a, const void *b) {
@@ -53,7 +53,7 @@ int main(int argc, char **argv) {
         for (int64_t i = 0; i < rows * 2 * w; i++) kv[i] = 2.0f * lp_rng_uniform(&r) - 1.0f;
         lp_attn_shape s = {.nq = sh->nq, .nk = sh->nk, .heads = sh->heads, .d = sh->d, .q_stride = w,
                            .k_stride = 2 * w, .v_stride = 2 * w, .out_stride = w,
-                           .scale = 1.0f / sqrtf((float)sh->d), .causal = sh->nq == 77 && sh->nk == 77};
+                           .scale = 1.0f / sqrtf((float)sh->d), .causal = sh->causal};
         double best[3], med[3];
         for (int lvl = 0; lvl < 3; lvl++) {
             double t[99];

@@ -3,7 +3,6 @@
  * attention is in attention.c, the adapters' passes in lowrank.c. */
 #include "image_ops.h"
 
-#include <float.h>
 #include <math.h>
 #include <string.h>
 
