@@ -35,7 +35,12 @@
 #endif
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_B 8
-#define PREFETCH_BYTES 1024
+/* How far ahead the 1-3-row tiles prefetch each panel stream. A core keeps
+ * only so many lines in flight, and a stream reaches the bandwidth they
+ * allow only when enough of them are requested ahead: 2 KiB per stream
+ * (8 KiB per 4-panel tile) on Zen 5, where 1 KiB left decode 5-20 % slower;
+ * the Intel box measured 1-8 KiB alike (docs/benchmarks.md section 22). */
+#define PREFETCH_BYTES 2048
 /* Up to this many batch rows (several decode streams) take few_rows():
  * measured up to 1.4x the 1-panel prefill tile when weights come from
  * DRAM. */
