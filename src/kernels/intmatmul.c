@@ -444,11 +444,11 @@ static void place_pairs(const lp_kernels *k, int_job *job) {
     if (used + pairs_bytes(a->groups, job->nb) <= k->scratch_bytes) a->pairs = (int8_t *)k->scratch + used;
 }
 
-/* 2..LP_FEW_ROWS_MAX rows at the AVX-512 levels: the group-major copy
+/* LP_FEW_ROWS_MIN..LP_FEW_ROWS_MAX rows at the AVX-512 levels: the group-major copy
  * (lp_qact.qg) after the rest in the scratch. */
 static void place_grouped(const lp_kernels *k, int_job *job) {
     lp_qact *a = &job->a;
-    if ((k->int_level != LP_INT_AVX512VNNI && k->int_level != LP_INT_AMX) || job->nb < 2 ||
+    if ((k->int_level != LP_INT_AVX512VNNI && k->int_level != LP_INT_AMX) || job->nb < LP_FEW_ROWS_MIN ||
         job->nb > LP_FEW_ROWS_MAX)
         return;
     /* batches the AMX kernels take (they differ from 1-row's VNNI one) need no copy */

@@ -10,8 +10,9 @@
  * acc = fma(float(isum), dw * dx, acc) per lane, as in the reference.
  *
  * Register tiles: NP panels x B batch rows of int32 and float accumulators.
- * 1-row decode uses 4 panels (independent dpbusd chains, software
- * prefetch); 2-16 rows (decode streams, speculative trees) one panel x
+ * 1-4-row decode (one stream, small trees) uses 4 panels (independent
+ * dpbusd chains, software prefetch: four streams keep more bytes in
+ * flight than one); 5-16 rows (decode streams, speculative trees) one panel x
  * blocks of up to 8 rows (rows_tile: each chunk unpacked once for all of
  * them, activations group-major so one pointer reaches every row);
  * prefill uses 1 panel x 8 batch rows so each unpacked chunk feeds 16
@@ -45,17 +46,16 @@
  * measured up to 1.4x the 1-panel prefill tile when weights come from
  * DRAM. */
 #define FEW_ROWS 9
-/* From 2 up to this many batch rows take few_rows_tiles() (blocks of up
- * to MAX_RB rows over each panel), when the quantizer laid the codes out
- * group-major for them (lp_qact.qg); else few_rows() / few_rows_g32(). */
+/* From LP_FEW_ROWS_MIN up to this many batch rows take few_rows_tiles()
+ * (blocks of up to MAX_RB rows over each panel), when the quantizer laid
+ * the codes out group-major for them (lp_qact.qg); else few_rows() /
+ * few_rows_g32(). */
 #define FEW_ROWS_MAX LP_FEW_ROWS_MAX
 #define MAX_RB 8 /* batch rows per few-row block */
-/* How far ahead few_rows_tiles() prefetches its one stream: 1-4 rows
- * (fast per byte) 8 KiB, more rows 4 KiB. Weights from DRAM (65536 x 2048
- * W4C, one thread): 1 KiB, as the 4-panel 1-row tile takes per stream,
- * left 2-row steps 1.9x one row; 8 KiB 1.0-1.1x (4 KiB: 1.2-1.3x); 8 rows
- * 2.0-2.2x with 4 or 8 KiB, 2.2-2.3x with 2 KiB. */
-#define FEW_PREFETCH_BYTES(nb) ((nb) <= 4 ? 8192 : 4096)
+/* How far ahead few_rows_tiles() prefetches its one stream. Weights from
+ * DRAM (65536 x 2048 W4C, one thread): 8 rows 2.0-2.2x one row with 4 or
+ * 8 KiB, 2.2-2.3x with 2 KiB. */
+#define FEW_PREFETCH_BYTES 4096
 
 static inline int32_t load4(const int8_t *p) {
     int32_t v;
@@ -264,7 +264,7 @@ VNNI INLINE void rows_tile_rb(const lp_igemm *g, uint32_t type, int64_t p, int64
     }
 }
 
-/* FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (decode streams, speculative
+/* LP_FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (decode streams, speculative
  * trees): the rows in as few blocks of up to MAX_RB as hold them, as even
  * as they go, over each panel in turn. Later blocks read the panel the
  * first just brought into L1/L2. */
@@ -275,16 +275,28 @@ VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
     for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
     for (int64_t p = g->p0; p < g->p1; p++)
         for (int64_t j = 0; j < nblocks; j++)
-            rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES(nb) : 0);
+            rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES : 0);
 }
 
-/* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels. */
+/* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels;
+ * 4 rows as two passes of 2 over each 4-panel step (4 x 4 accumulators of
+ * each kind would not fit the registers), the second finding the panels
+ * in L1/L2. */
 #define SMALL_BATCH(TYPE, B)                                                      \
     do {                                                                          \
         int64_t p = g->p0;                                                        \
         for (; p + 4 <= g->p1; p += 4) tile(g, TYPE, p, 4, b0, B);                \
         for (; p < g->p1; p++) tile(g, TYPE, p, 1, b0, B);                        \
     } while (0)
+
+VNNI INLINE void four_rows(const lp_igemm *g, uint32_t type) {
+    int64_t p = g->p0;
+    for (; p + 4 <= g->p1; p += 4) {
+        tile(g, type, p, 4, 0, 2);
+        tile(g, type, p, 4, 2, 2);
+    }
+    for (; p < g->p1; p++) tile(g, type, p, 1, 0, 4);
+}
 
 /* A few batch rows (several decode streams): 4-panel steps, the batch in
  * blocks of 3 rows; the 4 panels stay in L1/L2 between the blocks. */
@@ -379,21 +391,22 @@ VNNI INLINE void few_rows_g32(const lp_igemm *g, uint32_t type) {
 
 VNNI INLINE void gemm(const lp_igemm *g, uint32_t type) {
     int64_t b0 = 0;
-    if (g->nb >= 2 && g->nb <= FEW_ROWS_MAX && g->a->qg) {
+    if (g->nb >= LP_FEW_ROWS_MIN && g->nb <= FEW_ROWS_MAX && g->a->qg) {
         if (g->geom.group == 32) few_rows_tiles(g, type, 32);
         else few_rows_tiles(g, type, 0);
         return;
     }
-    if (g->nb > 3 && g->nb <= FEW_ROWS) {
+    if (g->nb > 4 && g->nb <= FEW_ROWS) {
         if (g->geom.group == 32) few_rows_g32(g, type);
         else few_rows(g, type);
         return;
     }
-    if (g->nb <= 3) {
+    if (g->nb <= 4) {
         switch (g->nb) {
         case 1: SMALL_BATCH(type, 1); break;
         case 2: SMALL_BATCH(type, 2); break;
-        default: SMALL_BATCH(type, 3); break;
+        case 3: SMALL_BATCH(type, 3); break;
+        default: four_rows(g, type); break;
         }
         return;
     }

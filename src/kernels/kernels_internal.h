@@ -108,7 +108,7 @@ typedef struct lp_qact {
      * separate tile rows (filled by intmatmul.c, read by stream_pairs in
      * intmatmul_amx.c). */
     int8_t *pairs;
-    /* NULL, or (batches of 2..LP_FEW_ROWS_MAX rows at the AVX-512 VNNI and
+    /* NULL, or (batches of LP_FEW_ROWS_MIN..LP_FEW_ROWS_MAX rows at the AVX-512 VNNI and
      * AMX levels) the same codes, scales and corrections group-major:
      * group gi of row b at qg + (gi * rows + b) * group, dg[gi * rows + b],
      * cg[gi * rows + b], so that one pointer per group reaches every row
@@ -118,7 +118,11 @@ typedef struct lp_qact {
     float *dg;
     int32_t *cg;
 } lp_qact;
-/* The most batch rows lp_qact.qg is laid out for. */
+/* The batch rows lp_qact.qg is laid out for. Fewer rows run the VNNI
+ * kernel's 4-panel decode tiles, whose four prefetched streams beat one
+ * panel's when the rows' arithmetic is small (2-4 rows from DRAM on Zen 5:
+ * 1.0-1.1x, 1.1-1.4x and 1.3-1.4x one row, against 1.2-1.5x; section 22). */
+#define LP_FEW_ROWS_MIN 5
 #define LP_FEW_ROWS_MAX 16
 
 /* One integer GEMM job: panels [p0, p1) of a packed matrix against batch
