@@ -36,11 +36,11 @@
 #endif
 #define INLINE static inline __attribute__((always_inline))
 #define MAX_B 8
-/* How far ahead the 1-3-row tiles prefetch each panel stream. A core keeps
- * only so many lines in flight, and a stream reaches the bandwidth they
- * allow only when enough of them are requested ahead: 2 KiB per stream
- * (8 KiB per 4-panel tile) on Zen 5, where 1 KiB left decode 5-20 % slower;
- * the Intel box measured 1-8 KiB alike (docs/benchmarks.md section 22). */
+/* How far ahead the 1-4-row tiles prefetch each panel stream (8 KiB per
+ * 4-panel tile). A core keeps only so many lines in flight, and a stream
+ * reaches the bandwidth they allow only when enough bytes are requested
+ * ahead: 1 KiB was enough on the Intel box, not on Zen 5
+ * (docs/benchmarks.md section 22). */
 #define PREFETCH_BYTES 2048
 /* Up to this many batch rows (several decode streams) take few_rows():
  * measured up to 1.4x the 1-panel prefill tile when weights come from
@@ -278,10 +278,7 @@ VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
             rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES : 0);
 }
 
-/* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels;
- * 4 rows as two passes of 2 over each 4-panel step (4 x 4 accumulators of
- * each kind would not fit the registers), the second finding the panels
- * in L1/L2. */
+/* Batch rows [b0, b0+B) for B <= 3 over 4-panel steps, then single panels. */
 #define SMALL_BATCH(TYPE, B)                                                      \
     do {                                                                          \
         int64_t p = g->p0;                                                        \
@@ -289,6 +286,9 @@ VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
         for (; p < g->p1; p++) tile(g, TYPE, p, 1, b0, B);                        \
     } while (0)
 
+/* 4 batch rows as two passes of 2 over each 4-panel step (4 x 4
+ * accumulators of each kind would not fit the registers); the second pass
+ * finds the panels in L1/L2. */
 VNNI INLINE void four_rows(const lp_igemm *g, uint32_t type) {
     int64_t p = g->p0;
     for (; p + 4 <= g->p1; p += 4) {

@@ -120,8 +120,8 @@ typedef struct lp_qact {
 } lp_qact;
 /* The batch rows lp_qact.qg is laid out for. Fewer rows run the VNNI
  * kernel's 4-panel decode tiles, whose four prefetched streams beat one
- * panel's when the rows' arithmetic is small (2-4 rows from DRAM on Zen 5:
- * 1.0-1.1x, 1.1-1.4x and 1.3-1.4x one row, against 1.2-1.5x; section 22). */
+ * panel's while the rows' arithmetic is small (docs/benchmarks.md
+ * section 22). */
 #define LP_FEW_ROWS_MIN 5
 #define LP_FEW_ROWS_MAX 16
 
