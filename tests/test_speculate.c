@@ -352,6 +352,42 @@ static void test_cut_mid_path(const lp_model *m) {
     }
 }
 
+/* Prompt lookup on the demo world's `correct` task, where the output is
+ * the input with its mistakes fixed: the first output word is the input's
+ * first word without its leading space (a different BPE token: the loose
+ * match), and after the output's first " the" the copy goes on from the
+ * input's first " the" (the anchor), not its latest. The output is plain
+ * decoding's; the passes are what those two rules give: the prefill, one
+ * pass copying up to the doubled word (its bonus token drops it), one
+ * for the rest. */
+static void test_lookup_copy(void) {
+    lp_error err;
+    lp_model *m = lp_model_load(LP_SOURCE_DIR "/models/demo/base.gguf", NULL, &err);
+    CHECK_MSG(m != NULL, "%s", err.message);
+    if (!m) return;
+    lp_adapter *a = lp_adapter_load(m, LP_SOURCE_DIR "/models/demo/adapters/correct.lpa", 1.0f, &err);
+    CHECK_MSG(a != NULL, "%s", err.message);
+    lp_speculate sp = lp_speculate_default();
+    sp.lookup_ngram = 3, sp.lookup_len = 12;
+    const char *prompt = "fix: In the evening the girl will make the the black apple.\n";
+    lp_context *ca = make_ctx(m, 1), *cb = make_ctx(m, 1);
+    result *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    job jp = {prompt, a, NULL, 24, "\n"}, js = {prompt, a, &sp, 24, "\n"};
+    run_one(ca, &jp, plain);
+    run_one(cb, &js, spec);
+    CHECK_MSG(strcmp(plain->text, "In the evening the girl will make the black apple.") == 0, "plain: \"%s\"",
+              plain->text);
+    CHECK_MSG(same(plain, spec), "lookup differs from plain (\"%s\")", spec->text);
+    CHECK_MSG(spec->spec.n_passes == 3, "%d tokens in %d passes, want 3 passes", spec->spec.n_generated,
+              spec->spec.n_passes);
+    free(plain);
+    free(spec);
+    lp_context_free(ca);
+    lp_context_free(cb);
+    lp_adapter_free(a);
+    lp_model_free(m);
+}
+
 /* Speculative requests with different adapters and forecast sets, and a
  * plain one, in one engine == each alone. */
 static void test_mixed(const lp_model *m, const lp_adapter *lora, const lp_adapter *half) {
@@ -831,6 +867,7 @@ int main(void) {
     test_tree_rows_bitwise(m);
     test_greedy_equal(m, lora, "stories260K", 96);
     test_cut_mid_path(m);
+    test_lookup_copy();
     test_mixed(m, lora, half);
     test_preempt(m);
     test_tight(m);

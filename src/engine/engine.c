@@ -30,11 +30,12 @@ typedef struct pending_text {
 } pending_text;
 
 /* Candidate classes for acceptance estimates: forecast depth x rank (ranks
- * from 7 on pooled), then prompt lookup by position along its chain. */
+ * from 7 on pooled), then prompt lookup by chain and position along it. */
 #define SPEC_RANKS 8
 #define SPEC_LOOKUP_CLASS (LP_SPEC_MAX_DEPTH * SPEC_RANKS)
 #define SPEC_LOOKUP_POSITIONS 16
-#define SPEC_CLASSES (SPEC_LOOKUP_CLASS + SPEC_LOOKUP_POSITIONS)
+#define SPEC_LOOKUP_CHAINS 2
+#define SPEC_CLASSES (SPEC_LOOKUP_CLASS + SPEC_LOOKUP_CHAINS * SPEC_LOOKUP_POSITIONS)
 
 /* Acceptance counts of one task (adapter identity and forecast set): the
  * cost model's evidence, shared by the task's requests and kept across
@@ -82,6 +83,7 @@ typedef struct request {
                                            ([0]) or candidate i ([i + 1]); -1: none */
     int step_depth;        /* this step: forecast rows in each of those chains */
     uint8_t cand_class[LP_SPEC_MAX_NODES]; /* where a candidate came from (SPEC_CLASSES) */
+    int lookup_anchor;     /* the history position the last lookup chain copied from */
     int accept;            /* its entry in the engine's acceptance table */
     lp_spec_stats spec_stats;
 } request;
@@ -937,6 +939,9 @@ static int cand_child(request *r, int parent, int32_t tok, bool add) {
 }
 
 static int spec_class(int depth, int rank) { return depth * SPEC_RANKS + (rank < SPEC_RANKS ? rank : SPEC_RANKS - 1); }
+static int lookup_class(int chain, int pos) {
+    return SPEC_LOOKUP_CLASS + chain * SPEC_LOOKUP_POSITIONS + (pos < SPEC_LOOKUP_POSITIONS ? pos : SPEC_LOOKUP_POSITIONS - 1);
+}
 
 /* cand_child that records a new candidate's class. */
 static int add_candidate(request *r, int parent, int32_t tok, int cls) {
@@ -964,11 +969,12 @@ static void class_estimates(const accept_table *t, double *est) {
             double prior = i > 0 ? est[k - 1] : d > 0 ? est[spec_class(d - 1, 0)] : 0.5;
             est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
         }
-    for (int j = 0; j < SPEC_LOOKUP_POSITIONS; j++) {
-        int k = SPEC_LOOKUP_CLASS + j;
-        double prior = j > 0 ? est[k - 1] : 0.5;
-        est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
-    }
+    for (int c = 0; c < SPEC_LOOKUP_CHAINS; c++)
+        for (int j = 0; j < SPEC_LOOKUP_POSITIONS; j++) {
+            int k = lookup_class(c, j);
+            double prior = j > 0 ? est[k - 1] : c > 0 ? est[lookup_class(c - 1, 0)] : 0.5;
+            est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
+        }
 }
 
 /* The cost model: a candidate is accepted with its class's estimate
@@ -1031,6 +1037,84 @@ static void count_acceptance(lp_engine *e, const request *r, const int *path_can
     }
 }
 
+/* Adds chain number `chain` of prompt lookup: the history from `from` on. */
+static void lookup_chain(request *r, int chain, int from) {
+    int parent = -1;
+    for (int i = from; i < r->n_tokens && i < from + r->sp.lookup_len; i++) {
+        parent = add_candidate(r, parent, r->tokens[i], lookup_class(chain, i - from));
+        if (parent < 0) break;
+    }
+}
+
+/* A token's text without one leading space, in buf[BARE_MAX]; its length,
+ * or -1 when longer. */
+#define BARE_MAX 32
+static int bare_piece(const lp_model *model, int32_t tok, char *buf) {
+    size_t len = lp_token_to_piece(model, tok, buf, BARE_MAX);
+    if (len > BARE_MAX) return -1;
+    if (len > 0 && buf[0] == ' ') memmove(buf, buf + 1, --len);
+    return (int)len;
+}
+
+/* When the last token occurs nowhere earlier, the chain after an earlier
+ * token of the same text but for a leading space (the first one at or
+ * after the anchor, else the latest): an output often starts with the word
+ * its input has after a space ("fix: In the ..." -> "In the ..."), a
+ * different BPE token. True if it placed a chain. */
+static bool loose_lookup(const lp_engine *e, request *r) {
+    const int32_t *t = r->tokens;
+    int n = r->n_tokens, ahead = -1, latest = -1;
+    for (int s = 0; s + 1 < n; s++)
+        if (t[s] == t[n - 1]) return false;
+    char last[BARE_MAX], other[BARE_MAX];
+    int len = bare_piece(e->model, t[n - 1], last);
+    if (len <= 0) return false;
+    for (int s = 0; s + 1 < n; s++) {
+        if (bare_piece(e->model, t[s], other) != len || memcmp(other, last, (size_t)len) != 0) continue;
+        latest = s + 1;
+        if (ahead < 0 && latest >= r->lookup_anchor) ahead = latest;
+    }
+    int from = ahead >= 0 ? ahead : latest;
+    if (from < 0) return false;
+    r->lookup_anchor = from;
+    lookup_chain(r, 0, from);
+    return true;
+}
+
+/* Prompt lookup: up to SPEC_LOOKUP_CHAINS chains, each what followed an
+ * earlier occurrence in the history (prompt and output) of its last g
+ * tokens, g from sp.lookup_ngram down to 1, the chains starting with
+ * different tokens. Of a suffix's occurrences, the first at or after the
+ * anchor (where the last first chain copied from) wins, else the latest:
+ * a copying task's output walks forward through its input, and after a
+ * changed word the word that follows occurs in several places. The second
+ * chain is where a shorter suffix (or another occurrence) leads elsewhere,
+ * e.g. past a doubled word that the output drops. */
+static void lookup_candidates(const lp_engine *e, request *r) {
+    const int32_t *t = r->tokens;
+    int n = r->n_tokens, chains = 0;
+    int32_t first[SPEC_LOOKUP_CHAINS];
+    if (n >= 2 && loose_lookup(e, r)) return;
+    for (int g = r->sp.lookup_ngram < n - 1 ? r->sp.lookup_ngram : n - 1; g >= 1 && chains < SPEC_LOOKUP_CHAINS; g--) {
+        int ahead = -1, latest = -1; /* ends of occurrences (the token after them) */
+        for (int s = 0; s + g < n; s++) {
+            if (memcmp(t + s, t + n - g, (size_t)g * sizeof *t) != 0) continue;
+            latest = s + g;
+            if (ahead < 0 && latest >= r->lookup_anchor) ahead = latest;
+        }
+        int from[2] = {ahead, latest};
+        for (int k = 0; k < 2 && chains < SPEC_LOOKUP_CHAINS; k++) {
+            if (from[k] < 0) continue;
+            bool seen = false;
+            for (int c = 0; c < chains; c++) seen |= first[c] == t[from[k]];
+            if (seen) continue;
+            if (chains == 0) r->lookup_anchor = from[k];
+            first[chains] = t[from[k]];
+            lookup_chain(r, chains++, from[k]);
+        }
+    }
+}
+
 /* The next candidate tree: the top tokens of the forecast rows after the
  * deepest accepted node (fc, or -1), as a tree of branches[d] per depth,
  * merged with a prompt-lookup chain. */
@@ -1056,24 +1140,7 @@ static void next_candidates(lp_engine *e, request *r, int fc) {
             if (level_to == level_from) break;
         }
     }
-    if (r->sp.lookup_ngram > 0) {
-        const int32_t *t = r->tokens;
-        int n = r->n_tokens;
-        for (int g = r->sp.lookup_ngram < n - 1 ? r->sp.lookup_ngram : n - 1; g >= 1; g--) {
-            int found = -1;
-            for (int s = n - g - 1; s >= 0 && found < 0; s--)
-                if (memcmp(t + s, t + n - g, (size_t)g * sizeof *t) == 0) found = s + g;
-            if (found < 0) continue;
-            int parent = -1;
-            for (int i = found; i < n && i < found + r->sp.lookup_len; i++) {
-                int j = i - found;
-                parent = add_candidate(r, parent, t[i],
-                                       SPEC_LOOKUP_CLASS + (j < SPEC_LOOKUP_POSITIONS ? j : SPEC_LOOKUP_POSITIONS - 1));
-                if (parent < 0) break;
-            }
-            break;
-        }
-    }
+    if (r->sp.lookup_ngram > 0) lookup_candidates(e, r);
     if (r->sp.pass_cost[0] > 0) keep_worthwhile(e, r);
 }
 
