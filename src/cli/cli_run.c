@@ -53,9 +53,9 @@ static void run_usage(FILE *out) {
             "      --speculate F.lpf   forecast embeddings (loraplex forecast-random, train-forecast)\n"
             "      --tree B1,B2,...    candidates per depth from the forecast rows (default 3,2,\n"
             "                          cut to the file's k); 1,1,1,1 is a chain of 4\n"
-            "      --lookup N[:L]      also propose the L tokens (default 8) that followed the\n"
-            "                          latest earlier match of the last N..1 tokens (prompt lookup);\n"
-            "                          works without --speculate too\n"
+            "      --lookup N[:L]      also propose the L tokens (default 8) that followed an\n"
+            "                          earlier match of the last N..1 tokens (prompt lookup: up\n"
+            "                          to two chains, docs/speculate.md); works without --speculate too\n"
             "      --costed            measure this machine's cost of a pass of R rows first,\n"
             "                          then place only the candidates worth their rows\n"
             "  -v, --verbose           print settings and timings to stderr\n");
