@@ -1,6 +1,7 @@
-/* Fuzzes the .lpf forecast-embedding reader (src/formats/lpf.c). The input
- * is tried as is and with its checksum repaired, so mutations get past it
- * to the size, name and value checks. */
+/* Fuzzes the .lpf forecast-embedding reader (src/formats/lpf.c), versions 1
+ * and 2 (with a draft corpus). The input is tried as is and with its
+ * checksum repaired, so mutations get past it to the size, name, value and
+ * corpus checks. */
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,6 +20,9 @@ static void try_parse(const uint8_t *buf, size_t size) {
         for (int i = 0; i < lp_forecast_k(f) * lp_forecast_dim(f); i++) sum += d[i];
         (void)sum;
         (void)lp_forecast_adapter_name(f)[0];
+        /* and the n-gram table built from a draft corpus */
+        int32_t h[3] = {0, 1, 2};
+        for (int n = 0; n <= 3; n++) (void)lp_forecast_ngram_next(f, h + 3 - n, n);
         lp_forecast_free(f);
     }
 }

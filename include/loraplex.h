@@ -577,6 +577,18 @@ int lp_forecast_k(const lp_forecast *f);
 int lp_forecast_dim(const lp_forecast *f);
 const float *lp_forecast_data(const lp_forecast *f);        /* [k][dim] */
 const char *lp_forecast_adapter_name(const lp_forecast *f); /* "" for the base */
+/* A draft corpus: the model's own greedy outputs for the task's training
+ * prompts, each after its prompt's last tokens, sequences separated by -1
+ * (copied; every other token < the set's vocabulary size). The engine then
+ * drafts a chain from the n-gram table built from it (lp_speculate.ngram_len),
+ * next to the forecast rows; saved files carry it (.lpf version 2). n = 0
+ * removes it. */
+int lp_forecast_set_corpus(lp_forecast *f, const int32_t *tokens, int n, lp_error *err);
+int lp_forecast_corpus_size(const lp_forecast *f);
+/* The token that most often followed the last 3, else 2, else 1 tokens of
+ * history[0..n-1] in the corpus (the longest context it has seen decides; a
+ * single token's must have been seen twice), or -1. */
+int lp_forecast_ngram_next(const lp_forecast *f, const int32_t *history, int n);
 
 #define LP_SPEC_MAX_DEPTH 8
 #define LP_SPEC_MAX_NODES 64
@@ -598,10 +610,14 @@ typedef struct lp_speculate {
     int branches[LP_SPEC_MAX_DEPTH]; /* candidates taken at each depth from the
                                     forecast logits: {3, 2} is 3 first tokens x 2
                                     second ones (9 nodes), {1, 1, 1} a chain of 3 */
-    int lookup_ngram;            /* > 0: prompt lookup: find the latest earlier
-                                    occurrence of the last n..1 tokens ... */
+    int lookup_ngram;            /* > 0: prompt lookup: find an earlier occurrence of
+                                    the last n..1 tokens ... */
     int lookup_len;              /* ... and propose the (at most) lookup_len tokens
-                                    that followed it, as one more branch */
+                                    that followed it, as up to two more chains
+                                    (docs/speculate.md) */
+    int ngram_len;               /* tokens drafted as one more chain from the forecast
+                                    set's corpus (lp_forecast_set_corpus), when it has
+                                    one: 0 means 8; < 0: none */
     int max_nodes;               /* candidate nodes per step (0: LP_SPEC_MAX_NODES) */
     float pass_cost[LP_SPEC_COST_ROWS]; /* all 0: place every candidate. Else [r - 1] is
                                     the cost of one forward of r rows relative to

@@ -14,7 +14,7 @@
 #   WORLD_ARGS  arguments of `loraplex world` (default "--seed 1"; e.g.
 #             "--version 2" for the second world, with DEMO=models/demo-v2)
 #   WORK      scratch folder (default /tmp/loraplex-forecast)
-#   PROMPTS   prompts per task (default 200: the first of the train split;
+#   PROMPTS   prompts per task (default 1000: the first of the train split;
 #             train-forecast holds out the last 16 to measure tokens per pass)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,7 +22,7 @@ LP=$(realpath "${LORAPLEX:-$ROOT/build/loraplex}")
 DEMO=$(realpath "${DEMO:-$ROOT/models/demo}")
 WORK=${WORK:-/tmp/loraplex-forecast}
 WORLD_ARGS=${WORLD_ARGS:---seed 1}
-PROMPTS=${PROMPTS:-200}
+PROMPTS=${PROMPTS:-1000}
 SEED=1
 K=4
 STEPS=200

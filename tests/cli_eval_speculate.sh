@@ -42,8 +42,13 @@ done
 if [ -f "$demo/forecast/correct.lpf" ]; then
   "$bin" eval-tasks "${common[@]}" --speculate "$demo/forecast" --lookup 3:8 >"$work/table2" 2>"$work/err"
   rc=$?
-  [ $rc -eq 0 ] && [ "$(grep -c " all .* 2/2 .*forecast \[3,2\] + lookup 3:8\$" "$work/table2")" -eq ${#tasks[@]} ] && ok \
+  [ $rc -eq 0 ] && [ "$(grep -c " all .* 2/2 .*forecast \[3,2\] + n-gram 8 + lookup 3:8\$" "$work/table2")" -eq ${#tasks[@]} ] && ok \
     || { bad "committed forecast files: rc=$rc"; cat "$work/table2" "$work/err" >&2; }
+  # their draft corpora off: the embeddings alone
+  "$bin" eval-tasks "${common[@]}" --speculate "$demo/forecast" --ngram 0 >"$work/table3" 2>"$work/err"
+  rc=$?
+  [ $rc -eq 0 ] && [ "$(grep -c " all .* 2/2 .*forecast \[3,2\]\$" "$work/table3")" -eq ${#tasks[@]} ] && ok \
+    || { bad "--ngram 0: rc=$rc"; cat "$work/table3" "$work/err" >&2; }
 else
   bad "$demo/forecast/correct.lpf missing"
 fi

@@ -23,6 +23,7 @@
 #include "check.h"
 #include "formats/le.h"
 #include "formats/lpa.h"
+#include "formats/lpf.h"
 #include "tools/synth.h"
 
 #define MODEL LP_SHARED_MODELS "/stories260K.gguf"
@@ -768,7 +769,9 @@ static void test_lpf(const lp_model *m, const lp_model *other) {
     MUTATE((void)0, size - 1, "bytes");
     MUTATE(memset(b + size, 0, 8), size + 8, "bytes");
     MUTATE(b[0] = 'X', size, "magic");
-    MUTATE(lp_le_put_u32(b + 4, 2), size, "version");
+    MUTATE(lp_le_put_u32(b + 4, 3), size, "version");
+    MUTATE(lp_le_put_u32(b + 4, 0), size, "version");
+    MUTATE(b[40] = 1, size, "reserved"); /* version 1: no corpus count */
     MUTATE(lp_le_put_u32(b + 8, 0), size, "out of range");
     MUTATE(lp_le_put_u32(b + 12, 0), size, "out of range");
     MUTATE(lp_le_put_u32(b + 12, 1000), size, "out of range");
@@ -798,6 +801,99 @@ static void test_lpf(const lp_model *m, const lp_model *other) {
     free(b);
     free(img);
     free(e);
+    lp_forecast_free(f);
+}
+
+/* A forecast set with a draft corpus: the n-gram table's choices, the
+ * version 2 file (round trip, every rejection), and greedy speculation
+ * that drafts from it == plain decoding, in fewer passes when the corpus
+ * holds the continuation itself. */
+static void test_lpf_corpus(const lp_model *m) {
+    lp_error err;
+    lp_model_info info;
+    lp_model_get_info(m, &info);
+    lp_forecast *f = random_forecast(m, 2, 21, 0.5f);
+    /* a b c | a b d | a b c | e f | x : after "a b" c (2 of 3); after "b" c;
+     * after "f" nothing (a single token seen once); after "z a b" the
+     * longest context seen decides ("a b") */
+    const int32_t a = 10, b_ = 11, c = 12, d = 13, e = 14, ff = 15;
+    const int32_t corpus[] = {a, b_, c, -1, a, b_, d, -1, a, b_, c, -1, e, ff, -1, 30};
+    CHECK_MSG(lp_forecast_set_corpus(f, corpus, 16, &err) == 0, "%s", err.message);
+    CHECK(lp_forecast_corpus_size(f) == 16);
+    const int32_t h1[] = {a, b_}, h2[] = {b_}, h3[] = {ff}, h4[] = {99, a, b_}, h5[] = {e};
+    CHECK(lp_forecast_ngram_next(f, h1, 2) == c);
+    CHECK(lp_forecast_ngram_next(f, h2, 1) == c);
+    CHECK(lp_forecast_ngram_next(f, h3, 1) == -1);
+    CHECK(lp_forecast_ngram_next(f, h4, 3) == c);
+    CHECK(lp_forecast_ngram_next(f, h5, 1) == -1);
+    const int32_t bad1[] = {a, (int32_t)info.n_vocab}, bad2[] = {a, -2};
+    CHECK(lp_forecast_set_corpus(f, bad1, 2, &err) != 0 && err.status == LP_ERR_INVALID);
+    CHECK(lp_forecast_set_corpus(f, bad2, 2, &err) != 0 && err.status == LP_ERR_INVALID);
+    CHECK(lp_forecast_corpus_size(f) == 16); /* a refused corpus leaves the old one */
+
+    size_t size = 0;
+    uint8_t *img = image_of(f, &size);
+    size_t corpus_at = 64 + (size_t)2 * info.dim * 4;
+    CHECK(img && size == corpus_at + 16 * 4 && lp_le_get_u32(img + 4) == 2 && lp_le_get_u32(img + 40) == 16);
+    lp_forecast *g = img ? lp_forecast_from_memory(img, size, "corpus.lpf", &err) : NULL;
+    CHECK_MSG(g != NULL, "%s", err.message);
+    CHECK(g && lp_forecast_corpus_size(g) == 16 && lp_forecast_ngram_next(g, h1, 2) == c &&
+          lp_forecast_ngram_next(g, h3, 1) == -1);
+    lp_forecast_free(g);
+    uint8_t *bb = malloc(size + 4);
+    #define REHASH() lp_le_put_u64(bb + 32, lp_lpa_hash(LP_LPA_HASH_SEED, bb + 64, size - 64))
+    #define MUTATE(stmt, sz, needle) do { memcpy(bb, img, size); stmt; CHECK(rejects(bb, sz, needle)); } while (0)
+    MUTATE((lp_le_put_u32(bb + corpus_at + 4, (uint32_t)info.n_vocab), REHASH()), size, "vocabulary");
+    MUTATE((lp_le_put_u32(bb + corpus_at, 0xfffffffeu), REHASH()), size, "vocabulary");
+    MUTATE(bb[corpus_at] ^= 1, size, "checksum");
+    MUTATE(lp_le_put_u32(bb + 40, 15), size, "bytes");
+    MUTATE(lp_le_put_u32(bb + 40, LP_LPF_MAX_CORPUS + 1), size, "corpus");
+    MUTATE(lp_le_put_u32(bb + 16, 0), size, "corpus"); /* a corpus needs the vocabulary */
+    MUTATE(bb[44] = 1, size, "reserved");
+    #undef MUTATE
+    #undef REHASH
+    free(bb);
+    free(img);
+
+    /* the corpus holds the plain continuation of a prompt: the n-gram chain
+     * drafts it; the output stays plain decoding's */
+    const char *prompt = PROMPTS[0];
+    lp_context *ca = make_ctx(m, 1), *cb = make_ctx(m, 1), *cc = make_ctx(m, 1);
+    result *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec), *off = calloc(1, sizeof *off);
+    job jp = {prompt, NULL, NULL, 48, NULL};
+    run_one(ca, &jp, plain);
+    int32_t pt[256];
+    int np = lp_tokenize(m, prompt, strlen(prompt), true, false, pt, 256, &err);
+    int32_t *cor = malloc((size_t)(3 + plain->n + 1) * sizeof *cor);
+    int nc = 0;
+    for (int i = np - 3; i < np; i++) cor[nc++] = pt[i];
+    for (int i = 0; i < plain->n; i++) cor[nc++] = plain->tokens[i];
+    cor[nc++] = -1;
+    CHECK(np >= 3 && lp_forecast_set_corpus(f, cor, nc, &err) == 0);
+    lp_speculate sp = lp_speculate_default();
+    sp.forecast = f, sp.depth = 2, sp.branches[0] = 2, sp.branches[1] = 1;
+    job js = {prompt, NULL, &sp, 48, NULL};
+    run_one(cb, &js, spec);
+    CHECK_MSG(same(plain, spec), "n-gram drafts: speculative differs from plain");
+    CHECK_MSG(spec->spec.n_passes * 3 <= spec->spec.n_generated, "n-gram drafts: %d tokens in %d passes",
+              spec->spec.n_generated, spec->spec.n_passes);
+    sp.ngram_len = -1; /* off: the random embeddings alone */
+    job jo = {prompt, NULL, &sp, 48, NULL};
+    run_one(cc, &jo, off);
+    CHECK(same(plain, off) && off->spec.n_passes > spec->spec.n_passes * 2);
+    sp.ngram_len = LP_SPEC_MAX_NODES + 1;
+    lp_engine *en = lp_engine_create(cc, NULL, &err);
+    result tmp;
+    lp_request q = make_request(&jo, &tmp);
+    CHECK(en && lp_engine_submit(en, &q, &err) < 0 && strstr(err.message, "ngram_len"));
+    lp_engine_free(en);
+    free(cor);
+    free(plain);
+    free(spec);
+    free(off);
+    lp_context_free(ca);
+    lp_context_free(cb);
+    lp_context_free(cc);
     lp_forecast_free(f);
 }
 
@@ -864,6 +960,7 @@ int main(void) {
     CHECK(s != NULL);
 
     test_lpf(m, s);
+    test_lpf_corpus(m);
     test_tree_rows_bitwise(m);
     test_greedy_equal(m, lora, "stories260K", 96);
     test_cut_mid_path(m);

@@ -87,6 +87,8 @@ static void train_forecast_usage(FILE *out) {
             "  --eval N           hold out the last N prompts to measure tokens per pass before\n"
             "                     and after (default: a tenth, at least 1 when there are 2+)\n"
             "  --tree B1,B2,...   the tree that evaluation uses (default: a chain of K)\n"
+            "  --no-corpus        don't keep the teacher outputs in the file as its draft corpus\n"
+            "                     (by default the engine drafts n-gram chains from them)\n"
             "  -s, --seed S       (default 1)   -t, --threads N (default: all cores)\n");
 }
 
@@ -158,11 +160,16 @@ int cli_train_forecast(int argc, char **argv) {
     const char *base_path = NULL, *adapter_spec = NULL, *data = NULL, *out_path = NULL, *tree = NULL;
     long k = 4, seed = 1, steps = 200, batch = 8, anchors = 8, cont = 48, eval = -1, threads = 0;
     double lr = 0.02;
+    bool no_corpus = false;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             train_forecast_usage(stdout);
             return 0;
+        }
+        if (!strcmp(a, "--no-corpus")) {
+            no_corpus = true;
+            continue;
         }
         if (!(v = cli_value(argc, argv, &i))) return 2;
         if (!strcmp(a, "--base") || !strcmp(a, "-m") || !strcmp(a, "--model")) base_path = v;
@@ -235,7 +242,7 @@ int cli_train_forecast(int argc, char **argv) {
         .base = m, .adapter = adapter, .prompts = (const int32_t *const *)prompts, .n_prompt = lens,
         .n_prompts = n, .n_eval = (int)eval, .k = (int)k, .n_continue = (int)cont, .steps = (int)steps,
         .batch = (int)batch, .anchors = (int)anchors, .lr = (float)lr, .seed = (uint64_t)seed,
-        .threads = (int)threads, .eval_tree = eval_tree,
+        .threads = (int)threads, .eval_tree = eval_tree, .no_corpus = no_corpus,
     };
     fprintf(stderr, "train-forecast: %d prompts (%ld held out), k %ld, %ld steps of %ld x %ld groups, seed %ld\n", n,
             eval, k, steps, batch, anchors, seed);
@@ -246,7 +253,11 @@ int cli_train_forecast(int argc, char **argv) {
     } else {
         fprintf(stderr, "train-forecast: %d teacher tokens; loss %.4f -> %.4f; ", rep.n_teacher_tokens,
                 rep.first_loss, rep.last_loss);
-        if (eval > 0)
+        if (eval > 0 && rep.n_corpus)
+            fprintf(stderr, "held-out tokens per pass %.3f (initial) -> %.3f (trained) -> %.3f (with the %d-token "
+                    "draft corpus); ", rep.eval_tokens_per_pass_before, rep.eval_tokens_per_pass_embeddings,
+                    rep.eval_tokens_per_pass_after, rep.n_corpus);
+        else if (eval > 0)
             fprintf(stderr, "held-out tokens per pass %.3f (initial) -> %.3f (trained); ",
                     rep.eval_tokens_per_pass_before, rep.eval_tokens_per_pass_after);
         fprintf(stderr, "%.1f s; wrote %s\n", rep.seconds, out_path);

@@ -56,6 +56,8 @@ static void run_usage(FILE *out) {
             "      --lookup N[:L]      also propose the L tokens (default 8) that followed an\n"
             "                          earlier match of the last N..1 tokens (prompt lookup: up\n"
             "                          to two chains, docs/speculate.md); works without --speculate too\n"
+            "      --ngram L           tokens drafted from the forecast file's corpus, where it\n"
+            "                          has one (default 8; 0: none)\n"
             "      --costed            measure this machine's cost of a pass of R rows first,\n"
             "                          then place only the candidates worth their rows\n"
             "  -v, --verbose           print settings and timings to stderr\n");
@@ -71,6 +73,7 @@ typedef struct run_options {
     double seed_top_min_p;
     const char *adapter, *adapters, *suffixes, *temps;
     const char *speculate, *tree, *lookup;
+    long ngram;      /* --ngram L: -1 unset (lp_speculate.ngram_len's default) */
     bool costed;
     lp_sampler_params sampling;
 } run_options;
@@ -79,6 +82,7 @@ static int parse_run(int argc, char **argv, run_options *o) {
     memset(o, 0, sizeof *o);
     o->n_predict = 128;
     o->streams = 1;
+    o->ngram = -1;
     o->sampling = lp_sampler_default_params();
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -101,6 +105,9 @@ static int parse_run(int argc, char **argv, run_options *o) {
         else if (!strcmp(a, "--tree")) { VALUE(); o->tree = v; }
         else if (!strcmp(a, "--lookup")) { VALUE(); o->lookup = v; }
         else if (!strcmp(a, "--costed")) o->costed = true;
+        else if (!strcmp(a, "--ngram")) {
+            VALUE(); if (!cli_int(a, v, 0, LP_SPEC_MAX_NODES, &o->ngram)) return -1;
+        }
         else if (!strcmp(a, "-n") || !strcmp(a, "--n-predict")) {
             VALUE(); if (!cli_int(a, v, 0, 1 << 24, &o->n_predict)) return -1;
         } else if (!strcmp(a, "--streams")) {
@@ -290,6 +297,7 @@ static int parse_speculate(const run_options *o, const lp_forecast *f, lp_specul
             for (; n < 2; n++) sp->branches[n] = def[n];
         }
         sp->depth = n < k ? n : k;
+        if (o->ngram >= 0) sp->ngram_len = o->ngram ? (int)o->ngram : -1;
     } else if (o->tree) {
         fprintf(stderr, "loraplex run: --tree needs --speculate F.lpf\n");
         return -1;
@@ -317,6 +325,8 @@ static void tree_text(const lp_speculate *sp, char *buf, size_t cap) {
             n += (size_t)snprintf(buf + n, cap - n, "%s%d", d ? "," : "", sp->branches[d]);
         if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "]");
     }
+    if (sp->forecast && lp_forecast_corpus_size(sp->forecast) && sp->ngram_len >= 0 && n < cap)
+        n += (size_t)snprintf(buf + n, cap - n, "%sn-gram %d", n ? " + " : "", sp->ngram_len ? sp->ngram_len : 8);
     if (sp->lookup_ngram > 0 && n < cap)
         n += (size_t)snprintf(buf + n, cap - n, "%slookup %d:%d", n ? " + " : "", sp->lookup_ngram, sp->lookup_len);
     if (n == 0) snprintf(buf, cap, "none");

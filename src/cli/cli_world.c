@@ -149,6 +149,7 @@ typedef struct eval_opts {
     const char *profile;     /* QUAD shared profile bound to each model's context, or NULL */
     const char *speculate;   /* forecast directory (DIR/<task>.lpf), or NULL */
     int lookup_ngram, lookup_len; /* --lookup N:L (0: only for tasks without a forecast file) */
+    int ngram_len;           /* --ngram L: lp_speculate.ngram_len (0: the default 8, < 0: off) */
     bool costed;
 } eval_opts;
 
@@ -178,6 +179,8 @@ static void eval_usage(FILE *out) {
             "                  prefill included: meaningful on a quiet machine only)\n"
             "  --lookup N[:L]  with --speculate: prompt lookup for every task too (default\n"
             "                  3:8, used only where a task has no forecast file)\n"
+            "  --ngram L       with --speculate: tokens drafted from a forecast file's corpus\n"
+            "                  (default 8 where the file has one; 0: none)\n"
             "  --costed        with --speculate: measure this machine's cost of a pass of R\n"
             "                  rows first and place only the candidates that pay (docs/speculate.md)\n");
 }
@@ -376,6 +379,7 @@ static int task_speculate(const eval_opts *o, const lp_model *model, const char 
         sp->branches[0] = 3;
         sp->branches[1] = 2;
         sp->depth = k < 2 ? k : 2;
+        sp->ngram_len = o->ngram_len;
     }
     if (!*f || o->lookup_ngram > 0) {
         sp->lookup_ngram = o->lookup_ngram > 0 ? o->lookup_ngram : 3;
@@ -385,6 +389,8 @@ static int task_speculate(const eval_opts *o, const lp_model *model, const char 
     size_t n = 0;
     tree[0] = '\0';
     if (*f) n += (size_t)snprintf(tree, cap, "forecast [3,2]");
+    if (*f && lp_forecast_corpus_size(*f) && o->ngram_len >= 0 && n < cap)
+        n += (size_t)snprintf(tree + n, cap - n, " + n-gram %d", o->ngram_len ? o->ngram_len : 8);
     if (sp->lookup_ngram > 0 && n < cap)
         snprintf(tree + n, cap - n, "%slookup %d:%d", n ? " + " : "", sp->lookup_ngram, sp->lookup_len);
     return 0;
@@ -690,6 +696,10 @@ int cli_eval_tasks(int argc, char **argv) {
             }
             o.lookup_ngram = (int)g;
             o.lookup_len = (int)len;
+        }
+        else if (!strcmp(a, "--ngram")) {
+            if (!cli_int(a, v, 0, LP_SPEC_MAX_NODES, &n)) return 2;
+            o.ngram_len = n ? (int)n : -1;
         }
         else if (!strcmp(a, "--max")) {
             if (!cli_int(a, v, 1, 10000000, &n)) return 2;

@@ -30,12 +30,14 @@ typedef struct pending_text {
 } pending_text;
 
 /* Candidate classes for acceptance estimates: forecast depth x rank (ranks
- * from 7 on pooled), then prompt lookup by chain and position along it. */
+ * from 7 on pooled), then prompt lookup by chain and position along it,
+ * then the corpus n-gram chain by position. */
 #define SPEC_RANKS 8
 #define SPEC_LOOKUP_CLASS (LP_SPEC_MAX_DEPTH * SPEC_RANKS)
 #define SPEC_LOOKUP_POSITIONS 16
 #define SPEC_LOOKUP_CHAINS 2
-#define SPEC_CLASSES (SPEC_LOOKUP_CLASS + SPEC_LOOKUP_CHAINS * SPEC_LOOKUP_POSITIONS)
+#define SPEC_NGRAM_CLASS (SPEC_LOOKUP_CLASS + SPEC_LOOKUP_CHAINS * SPEC_LOOKUP_POSITIONS)
+#define SPEC_CLASSES (SPEC_NGRAM_CLASS + SPEC_LOOKUP_POSITIONS)
 
 /* Acceptance counts of one task (adapter identity and forecast set): the
  * cost model's evidence, shared by the task's requests and kept across
@@ -368,6 +370,9 @@ static int check_speculate(const lp_engine *e, const lp_request *q, lp_error *er
         (sp->lookup_ngram > 0) != (sp->lookup_len > 0))
         return lp_error_set(err, LP_ERR_INVALID, "prompt lookup: n-gram %d (1..16) and length %d (1..%d) go together",
                             sp->lookup_ngram, sp->lookup_len, LP_SPEC_MAX_NODES);
+    if (sp->ngram_len > LP_SPEC_MAX_NODES)
+        return lp_error_set(err, LP_ERR_INVALID, "speculation ngram_len %d (at most %d)", sp->ngram_len,
+                            LP_SPEC_MAX_NODES);
     if (sp->max_nodes < 0 || sp->max_nodes > LP_SPEC_MAX_NODES)
         return lp_error_set(err, LP_ERR_INVALID, "speculation max_nodes %d (0..%d)", sp->max_nodes, LP_SPEC_MAX_NODES);
     bool any = false;
@@ -975,6 +980,11 @@ static void class_estimates(const accept_table *t, double *est) {
             double prior = j > 0 ? est[k - 1] : c > 0 ? est[lookup_class(c - 1, 0)] : 0.5;
             est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
         }
+    for (int j = 0; j < SPEC_LOOKUP_POSITIONS; j++) {
+        int k = SPEC_NGRAM_CLASS + j;
+        double prior = j > 0 ? est[k - 1] : 0.5;
+        est[k] = (t->hit[k] + 2.0 * prior) / (t->tried[k] + 2.0);
+    }
 }
 
 /* The cost model: a candidate is accepted with its class's estimate
@@ -1115,6 +1125,24 @@ static void lookup_candidates(const lp_engine *e, request *r) {
     }
 }
 
+/* The chain the forecast set's corpus n-gram table drafts after the
+ * history (lp_forecast_ngram_next), token by token. */
+static void ngram_candidates(request *r) {
+    const lp_forecast *f = r->sp.forecast;
+    int len = r->sp.ngram_len == 0 ? 8 : r->sp.ngram_len;
+    if (len <= 0 || !f || !lp_forecast_corpus_size(f)) return;
+    int32_t h[3 + LP_SPEC_MAX_NODES];
+    int n = r->n_tokens < 3 ? r->n_tokens : 3, parent = -1;
+    memcpy(h, r->tokens + r->n_tokens - n, (size_t)n * sizeof *h);
+    for (int j = 0; j < len; j++) {
+        int32_t tok = lp_forecast_ngram_next(f, h, n);
+        if (tok < 0) break;
+        parent = add_candidate(r, parent, tok, SPEC_NGRAM_CLASS + (j < SPEC_LOOKUP_POSITIONS ? j : SPEC_LOOKUP_POSITIONS - 1));
+        if (parent < 0) break;
+        h[n++] = tok;
+    }
+}
+
 /* The next candidate tree: the top tokens of the forecast rows after the
  * deepest accepted node (fc, or -1), as a tree of branches[d] per depth,
  * merged with a prompt-lookup chain. */
@@ -1141,6 +1169,7 @@ static void next_candidates(lp_engine *e, request *r, int fc) {
         }
     }
     if (r->sp.lookup_ngram > 0) lookup_candidates(e, r);
+    ngram_candidates(r);
     if (r->sp.pass_cost[0] > 0) keep_worthwhile(e, r);
 }
 

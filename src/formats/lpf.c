@@ -11,17 +11,119 @@
 #include "le.h"
 #include "lpa.h"
 
+/* One context of the n-gram table: the token that most often followed
+ * ctx[0..g-1] in the corpus, and how often. */
+typedef struct ngram {
+    int32_t g, ctx[LP_LPF_NGRAM], next, count;
+} ngram;
+
 struct lp_forecast {
     int k, dim, n_vocab;
     uint64_t fingerprint;
     char name[LP_LPF_NAME_BYTES];
-    float *data; /* [k][dim] */
+    float *data;      /* [k][dim] */
+    int32_t *corpus;  /* [n_corpus] token ids, -1 between sequences (NULL: none) */
+    int n_corpus;
+    ngram *table;     /* [n_table] sorted by (g, ctx): one entry per context */
+    int n_table;
 };
 
 void lp_forecast_free(lp_forecast *f) {
     if (!f) return;
     free(f->data);
+    free(f->corpus);
+    free(f->table);
     free(f);
+}
+
+static int ngram_order(const ngram *a, const ngram *b) {
+    if (a->g != b->g) return a->g < b->g ? -1 : 1;
+    for (int i = 0; i < a->g; i++)
+        if (a->ctx[i] != b->ctx[i]) return a->ctx[i] < b->ctx[i] ? -1 : 1;
+    return 0;
+}
+
+static int by_context_then_next(const void *pa, const void *pb) {
+    const ngram *a = pa, *b = pb;
+    int c = ngram_order(a, b);
+    return c ? c : (a->next > b->next) - (a->next < b->next);
+}
+
+/* The n-gram table of f->corpus: every (context of 1..LP_LPF_NGRAM tokens
+ * within one sequence, next token) counted, and per context the most
+ * frequent next token kept (the smallest id on ties). */
+static int build_table(lp_forecast *f, lp_error *err) {
+    size_t cap = (size_t)f->n_corpus * LP_LPF_NGRAM, n = 0;
+    ngram *all = cap ? malloc(cap * sizeof *all) : NULL;
+    if (cap && !all) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a draft corpus of %d", f->n_corpus);
+    const int32_t *t = f->corpus;
+    for (int i = 0; i < f->n_corpus; i++) {
+        if (t[i] < 0) continue;
+        for (int g = 1; g <= LP_LPF_NGRAM && i - g >= 0 && t[i - g] >= 0; g++) {
+            ngram e = {.g = g, .next = t[i], .count = 1};
+            memcpy(e.ctx, t + i - g, (size_t)g * sizeof *t);
+            all[n++] = e;
+        }
+    }
+    if (n) qsort(all, n, sizeof *all, by_context_then_next);
+    size_t out = 0;
+    for (size_t i = 0; i < n;) {
+        size_t j = i;
+        ngram best = all[i];
+        best.count = 0;
+        while (j < n && ngram_order(&all[j], &all[i]) == 0) {
+            size_t run = j;
+            while (j < n && ngram_order(&all[j], &all[i]) == 0 && all[j].next == all[run].next) j++;
+            if ((int32_t)(j - run) > best.count) best.next = all[run].next, best.count = (int32_t)(j - run);
+        }
+        all[out++] = best;
+        i = j;
+    }
+    f->table = all;
+    f->n_table = (int)out;
+    return 0;
+}
+
+int lp_forecast_ngram_next(const lp_forecast *f, const int32_t *history, int n) {
+    if (!f || !f->n_table || !history) return -1;
+    for (int g = n < LP_LPF_NGRAM ? n : LP_LPF_NGRAM; g >= 1; g--) {
+        ngram key = {.g = g};
+        memcpy(key.ctx, history + n - g, (size_t)g * sizeof *history);
+        int lo = 0, hi = f->n_table;
+        while (lo < hi) {
+            int mid = lo + (hi - lo) / 2;
+            if (ngram_order(&f->table[mid], &key) < 0) lo = mid + 1;
+            else hi = mid;
+        }
+        if (lo < f->n_table && ngram_order(&f->table[lo], &key) == 0)
+            return g > 1 || f->table[lo].count >= 2 ? f->table[lo].next : -1;
+    }
+    return -1;
+}
+
+int lp_forecast_corpus_size(const lp_forecast *f) { return f ? f->n_corpus : 0; }
+
+int lp_forecast_set_corpus(lp_forecast *f, const int32_t *tokens, int n, lp_error *err) {
+    if (!f || n < 0 || (n && !tokens))
+        return lp_error_set(err, LP_ERR_INVALID, "lp_forecast_set_corpus needs a forecast set and tokens");
+    if (n > LP_LPF_MAX_CORPUS)
+        return lp_error_set(err, LP_ERR_INVALID, "a draft corpus of %d tokens (at most %d)", n, LP_LPF_MAX_CORPUS);
+    if (n && f->n_vocab <= 0)
+        return lp_error_set(err, LP_ERR_INVALID, "a draft corpus needs the set's vocabulary size recorded");
+    for (int i = 0; i < n; i++)
+        if (tokens[i] < -1 || tokens[i] >= f->n_vocab)
+            return lp_error_set(err, LP_ERR_INVALID, "draft corpus token %d is %d (vocabulary %d; -1 separates)", i,
+                                tokens[i], f->n_vocab);
+    int32_t *c = n ? malloc((size_t)n * sizeof *c) : NULL;
+    if (n && !c) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a draft corpus of %d", n);
+    if (n) memcpy(c, tokens, (size_t)n * sizeof *c);
+    free(f->corpus);
+    free(f->table);
+    f->corpus = c;
+    f->n_corpus = n;
+    f->table = NULL;
+    f->n_table = 0;
+    return build_table(f, err);
 }
 
 static lp_forecast *forecast_new(int k, int dim, lp_error *err) {
@@ -40,6 +142,26 @@ static lp_forecast *forecast_new(int k, int dim, lp_error *err) {
 
 static size_t name_padded(size_t n) { return (n + 3) & ~(size_t)3; }
 
+/* The corpus section of a version 2 file (n tokens at p) into f. */
+static int parse_corpus(lp_forecast *f, const uint8_t *p, int n, const char *what, lp_error *err) {
+    int32_t *c = malloc((size_t)n * sizeof *c);
+    if (!c) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for a draft corpus of %d", what, n);
+    for (int i = 0; i < n; i++) {
+        uint32_t v = lp_le_get_u32(p + 4 * (size_t)i);
+        if (v != LP_LPF_SEPARATOR && v >= (uint32_t)f->n_vocab) {
+            free(c);
+            return lp_error_set(err, LP_ERR_FORMAT, "%s: draft corpus token %d is %u (vocabulary %d)", what, i, v,
+                                f->n_vocab);
+        }
+        c[i] = v == LP_LPF_SEPARATOR ? -1 : (int32_t)v;
+    }
+    f->corpus = c;
+    f->n_corpus = n;
+    if (build_table(f, NULL))
+        return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for the n-gram table of %d tokens", what, n);
+    return 0;
+}
+
 lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_error *err) {
     if (!what) what = "forecast file";
     if (!p || size < LP_LPF_HEADER_BYTES) {
@@ -54,9 +176,15 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
     uint32_t version = lp_le_get_u32(p + 4), dim = lp_le_get_u32(p + 8), k = lp_le_get_u32(p + 12);
     uint32_t n_vocab = lp_le_get_u32(p + 16), name_len = lp_le_get_u32(p + 20);
     uint64_t fp = lp_le_get_u64(p + 24), sum = lp_le_get_u64(p + 32);
-    if (version != LP_LPF_VERSION) {
-        lp_error_set(err, LP_ERR_FORMAT, "%s: forecast file version %u (this build reads %d)", what, version,
+    if (version < 1 || version > LP_LPF_VERSION) {
+        lp_error_set(err, LP_ERR_FORMAT, "%s: forecast file version %u (this build reads 1..%d)", what, version,
                      LP_LPF_VERSION);
+        return NULL;
+    }
+    uint32_t n_corpus = version >= 2 ? lp_le_get_u32(p + 40) : 0;
+    if (n_corpus > LP_LPF_MAX_CORPUS || (n_corpus && !n_vocab)) {
+        lp_error_set(err, LP_ERR_FORMAT, "%s: a draft corpus of %u tokens (at most %d, and only with the vocabulary "
+                     "size recorded)", what, n_corpus, LP_LPF_MAX_CORPUS);
         return NULL;
     }
     if (dim < 1 || dim > LP_LPF_MAX_DIM || k < 1 || k > LP_LPF_MAX_K) {
@@ -69,20 +197,23 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
                      LP_LPF_NAME_BYTES - 1);
         return NULL;
     }
-    for (int i = 40; i < LP_LPF_HEADER_BYTES; i++)
+    for (int i = version >= 2 ? 44 : 40; i < LP_LPF_HEADER_BYTES; i++)
         if (p[i]) {
             lp_error_set(err, LP_ERR_FORMAT, "%s: reserved header byte %d is not zero", what, i);
             return NULL;
         }
     /* sizes: all small by the checks above, still computed with overflow checks */
-    size_t data_off = LP_LPF_HEADER_BYTES + name_padded(name_len), data_bytes, total;
-    if (!lp_mul_ok((size_t)k * dim, sizeof(float), &data_bytes) || !lp_add_ok(data_off, data_bytes, &total)) {
+    size_t data_off = LP_LPF_HEADER_BYTES + name_padded(name_len), data_bytes, total, hashed;
+    size_t corpus_bytes = (size_t)n_corpus * 4;
+    if (!lp_mul_ok((size_t)k * dim, sizeof(float), &data_bytes) || !lp_add_ok(data_bytes, corpus_bytes, &hashed) ||
+        !lp_add_ok(data_off, hashed, &total)) {
         lp_error_set(err, LP_ERR_FORMAT, "%s: size overflows", what);
         return NULL;
     }
     if (size != total) {
-        lp_error_set(err, LP_ERR_FORMAT, "%s: %zu bytes, but a forecast file of %u x %u with a %u-byte name has %zu",
-                     what, size, k, dim, name_len, total);
+        lp_error_set(err, LP_ERR_FORMAT,
+                     "%s: %zu bytes, but a forecast file of %u x %u with a %u-byte name and %u corpus tokens has %zu",
+                     what, size, k, dim, name_len, n_corpus, total);
         return NULL;
     }
     const uint8_t *name = p + LP_LPF_HEADER_BYTES;
@@ -95,8 +226,8 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
             lp_error_set(err, LP_ERR_FORMAT, "%s: padding after the name is not zero", what);
             return NULL;
         }
-    if (lp_lpa_hash(LP_LPA_HASH_SEED, p + data_off, data_bytes) != sum) {
-        lp_error_set(err, LP_ERR_FORMAT, "%s: the embeddings' checksum does not match (damaged file)", what);
+    if (lp_lpa_hash(LP_LPA_HASH_SEED, p + data_off, hashed) != sum) {
+        lp_error_set(err, LP_ERR_FORMAT, "%s: the checksum does not match (damaged file)", what);
         return NULL;
     }
     lp_forecast *f = forecast_new((int)k, (int)dim, err);
@@ -114,6 +245,10 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
             return NULL;
         }
         f->data[i] = v;
+    }
+    if (n_corpus && parse_corpus(f, p + data_off + data_bytes, (int)n_corpus, what, err)) {
+        lp_forecast_free(f);
+        return NULL;
     }
     return f;
 }
@@ -172,11 +307,12 @@ lp_forecast *lp_forecast_create(const lp_model *model, int k, const float *embd,
 int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err) {
     if (!f || !path) return lp_error_set(err, LP_ERR_INVALID, "lp_forecast_save needs a forecast set and a path");
     size_t nl = strlen(f->name), off = LP_LPF_HEADER_BYTES + name_padded(nl);
-    size_t data_bytes = (size_t)f->k * (size_t)f->dim * sizeof(float), total = off + data_bytes;
+    size_t data_bytes = (size_t)f->k * (size_t)f->dim * sizeof(float), corpus_bytes = (size_t)f->n_corpus * 4;
+    size_t total = off + data_bytes + corpus_bytes;
     uint8_t *buf = calloc(1, total);
     if (!buf) return lp_error_set(err, LP_ERR_NOMEM, "out of memory writing %s", path);
     memcpy(buf, LP_LPF_MAGIC, 4);
-    lp_le_put_u32(buf + 4, LP_LPF_VERSION);
+    lp_le_put_u32(buf + 4, f->n_corpus ? 2 : 1); /* readers of version 1 keep reading sets without a corpus */
     lp_le_put_u32(buf + 8, (uint32_t)f->dim);
     lp_le_put_u32(buf + 12, (uint32_t)f->k);
     lp_le_put_u32(buf + 16, (uint32_t)f->n_vocab);
@@ -184,7 +320,10 @@ int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err) {
     lp_le_put_u64(buf + 24, f->fingerprint);
     memcpy(buf + LP_LPF_HEADER_BYTES, f->name, nl);
     for (size_t i = 0; i < (size_t)f->k * (size_t)f->dim; i++) lp_le_put_f32(buf + off + 4 * i, f->data[i]);
-    lp_le_put_u64(buf + 32, lp_lpa_hash(LP_LPA_HASH_SEED, buf + off, data_bytes));
+    lp_le_put_u32(buf + 40, (uint32_t)f->n_corpus);
+    for (int i = 0; i < f->n_corpus; i++)
+        lp_le_put_u32(buf + off + data_bytes + 4 * (size_t)i, f->corpus[i] < 0 ? LP_LPF_SEPARATOR : (uint32_t)f->corpus[i]);
+    lp_le_put_u64(buf + 32, lp_lpa_hash(LP_LPA_HASH_SEED, buf + off, data_bytes + corpus_bytes));
     FILE *fp = fopen(path, "wb");
     int rc = 0;
     if (!fp) {

@@ -6,6 +6,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../formats/lpf.h"
 #include "train.h"
 
 typedef struct teacher {
@@ -59,6 +60,28 @@ static int decode(lp_context *ctx, const lp_adapter *a, const int32_t *prompt, i
         rc = 0;
     }
     lp_engine_free(e);
+    return rc;
+}
+
+/* The teacher outputs as f's draft corpus: each continuation after the last
+ * LP_LPF_NGRAM tokens of its prompt (so the first output token has its
+ * context), sequences separated by -1. */
+static int attach_corpus(lp_forecast *f, const teacher *tch, int n, lp_error *err) {
+    size_t total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)(tch[i].n - tch[i].n_prompt) + 4;
+    if (total > LP_LPF_MAX_CORPUS) total = LP_LPF_MAX_CORPUS;
+    int32_t *c = malloc((total ? total : 1) * sizeof *c);
+    if (!c) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for the draft corpus");
+    size_t len = 0;
+    for (int i = 0; i < n; i++) {
+        int from = tch[i].n_prompt > 3 ? tch[i].n_prompt - 3 : 0, need = tch[i].n - from + 1;
+        if (len + (size_t)need > total) break; /* the corpus limit: the first prompts' outputs */
+        memcpy(c + len, tch[i].ids + from, (size_t)(tch[i].n - from) * sizeof *c);
+        len += (size_t)(tch[i].n - from);
+        c[len++] = -1;
+    }
+    int rc = lp_forecast_set_corpus(f, c, (int)len, err);
+    free(c);
     return rc;
 }
 
@@ -219,13 +242,23 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
     }
     out = lp_forecast_create(p.base, p.k, m->w.extra, p.adapter ? lp_adapter_name(p.adapter) : NULL, err);
     if (out && p.n_eval > 0) {
-        rep.eval_tokens_per_pass_after = eval_acceptance(ctx, &p, out, err);
-        if (rep.eval_tokens_per_pass_after < 0) {
-            lp_forecast_free(out);
-            out = NULL;
-        }
+        rep.eval_tokens_per_pass_embeddings = eval_acceptance(ctx, &p, out, err);
+        if (rep.eval_tokens_per_pass_embeddings < 0) goto fail;
+    }
+    if (out && !p.no_corpus) {
+        if (attach_corpus(out, tch, n_train, err)) goto fail;
+        rep.n_corpus = lp_forecast_corpus_size(out);
+    }
+    if (out && p.n_eval > 0) {
+        rep.eval_tokens_per_pass_after = p.no_corpus ? rep.eval_tokens_per_pass_embeddings
+                                                     : eval_acceptance(ctx, &p, out, err);
+        if (rep.eval_tokens_per_pass_after < 0) goto fail;
     }
     rep.seconds = lp_now_seconds() - t0;
+    goto done;
+fail:
+    lp_forecast_free(out);
+    out = NULL;
 done:
     if (report) *report = rep;
     for (int i = 0; tch && i < n_train; i++) free(tch[i].ids);

@@ -33,11 +33,15 @@ typedef struct lp_forecast_train_params {
     lp_speculate eval_tree;          /* the tree the acceptance eval uses (forecast/depth
                                         filled in; depth 0: a chain of k) */
     bool quiet;                      /* no progress lines on stderr */
+    bool no_corpus;                  /* don't attach the teacher outputs as the set's
+                                        draft corpus (lp_forecast_set_corpus) */
 } lp_forecast_train_params;
 
 typedef struct lp_forecast_train_report {
     double first_loss, last_loss;
     double eval_tokens_per_pass_before, eval_tokens_per_pass_after;
+    double eval_tokens_per_pass_embeddings; /* trained, without the corpus (with one: else = after) */
+    int n_corpus;                    /* tokens of the draft corpus attached */
     int n_teacher_tokens;
     double seconds;
 } lp_forecast_train_report;
