@@ -38,12 +38,13 @@ typedef struct spec_options {
     bool json;
 } spec_options;
 
-/* One way to decode: the tree (branches, depth 0 = no forecast rows) and
- * whether prompt lookup is on. */
+/* One way to decode: the tree (branches, depth 0 = no forecast rows),
+ * whether prompt lookup is on, and whether a depth-0 tree still drafts
+ * from the forecast set's corpus (with forecast rows it always does). */
 typedef struct spec_config {
     char name[64];
     int depth, branches[LP_SPEC_MAX_DEPTH];
-    bool lookup, plain, cost_model;
+    bool lookup, plain, cost_model, ngram;
 } spec_config;
 
 typedef struct config_result {
@@ -96,7 +97,7 @@ static int run_config(lp_context *ctx, const lp_adapter *adapter, const lp_forec
                       config_result *res, lp_error *err) {
     lp_speculate sp = lp_speculate_default();
     if (c->cost_model) memcpy(sp.pass_cost, cost, sizeof sp.pass_cost);
-    if (c->depth > 0) {
+    if (c->depth > 0 || c->ngram) {
         sp.forecast = f;
         sp.depth = c->depth;
         memcpy(sp.branches, c->branches, sizeof sp.branches);
@@ -231,14 +232,20 @@ static int parse(int argc, char **argv, spec_options *o) {
     return 0;
 }
 
-/* "3,2;4" into configurations: plain, lookup, then each tree alone and with
- * lookup (trees only where there is a forecast set). */
-static int make_configs(const char *trees, bool forecast, spec_config *out) {
+/* "3,2;4" into configurations: plain, lookup, the corpus n-gram chain
+ * without forecast rows (where the set has a corpus), then each tree alone
+ * and with lookup (trees only where there is a forecast set). */
+static int make_configs(const char *trees, bool forecast, bool corpus, spec_config *out) {
     int n = 0;
     out[n++] = (spec_config){.name = "plain", .plain = true};
     out[n++] = (spec_config){.name = "lookup", .lookup = true};
     out[n++] = (spec_config){.name = "lookup,costed", .lookup = true, .cost_model = true};
     if (!forecast) return n;
+    if (corpus) {
+        out[n++] = (spec_config){.name = "n-gram", .ngram = true};
+        out[n++] = (spec_config){.name = "n-gram+lookup", .ngram = true, .lookup = true};
+        out[n++] = (spec_config){.name = "n-gram+lookup,costed", .ngram = true, .lookup = true, .cost_model = true};
+    }
     const char *p = trees;
     while (*p && n + 3 <= MAX_TREES) {
         spec_config c = {0};
@@ -372,7 +379,7 @@ static int bench_task(lp_context *ctx, const spec_options *o, const task *t, con
     snprintf(path, sizeof path, "%s/%s.eval.jsonl", o->data, t->name);
     if ((rs.n = cli_load_prompts(lp_context_model(ctx), path, o->records, &rs.prompt, &rs.len, err)) < 0) return -1;
     spec_config cs[MAX_TREES];
-    int n = make_configs(o->trees, t->forecast != NULL, cs);
+    int n = make_configs(o->trees, t->forecast != NULL, t->forecast && lp_forecast_corpus_size(t->forecast), cs);
     if (n < 0) {
         records_free(&rs);
         return lp_error_set(err, LP_ERR_INVALID, "--trees wants lists like \"3,2;4\": '%s'", o->trees);
