@@ -79,7 +79,10 @@ static int build_table(lp_forecast *f, lp_error *err) {
         all[out++] = best;
         i = j;
     }
-    f->table = all;
+    ngram *fit = out ? realloc(all, out * sizeof *all) : NULL; /* the counting needed 3 per token */
+    if (out && !fit) fit = all;
+    else if (!out) free(all);
+    f->table = fit;
     f->n_table = (int)out;
     return 0;
 }
