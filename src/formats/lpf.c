@@ -49,13 +49,13 @@ static int by_context_then_next(const void *pa, const void *pb) {
     return c ? c : (a->next > b->next) - (a->next < b->next);
 }
 
-/* The n-gram table of f->corpus: every (context of 1..LP_LPF_NGRAM tokens
+/* The n-gram table of f->corpus (-1: out of memory): every (context of 1..LP_LPF_NGRAM tokens
  * within one sequence, next token) counted, and per context the most
  * frequent next token kept (the smallest id on ties). */
-static int build_table(lp_forecast *f, lp_error *err) {
+static int build_table(lp_forecast *f) {
     size_t cap = (size_t)f->n_corpus * LP_LPF_NGRAM, n = 0;
     ngram *all = cap ? malloc(cap * sizeof *all) : NULL;
-    if (cap && !all) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a draft corpus of %d", f->n_corpus);
+    if (cap && !all) return -1;
     const int32_t *t = f->corpus;
     for (int i = 0; i < f->n_corpus; i++) {
         if (t[i] < 0) continue;
@@ -85,6 +85,22 @@ static int build_table(lp_forecast *f, lp_error *err) {
     f->table = fit;
     f->n_table = (int)out;
     return 0;
+}
+
+/* Makes c[0..n-1] (malloc'd, checked) f's corpus and builds its table;
+ * on failure (out of memory) f is left without a corpus and c is freed. */
+static int adopt_corpus(lp_forecast *f, int32_t *c, int n) {
+    free(f->corpus);
+    free(f->table);
+    f->corpus = c;
+    f->n_corpus = n;
+    f->table = NULL;
+    f->n_table = 0;
+    if (build_table(f) == 0) return 0;
+    free(f->corpus);
+    f->corpus = NULL;
+    f->n_corpus = 0;
+    return -1;
 }
 
 int lp_forecast_ngram_next(const lp_forecast *f, const int32_t *history, int n) {
@@ -120,13 +136,8 @@ int lp_forecast_set_corpus(lp_forecast *f, const int32_t *tokens, int n, lp_erro
     int32_t *c = n ? malloc((size_t)n * sizeof *c) : NULL;
     if (n && !c) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a draft corpus of %d", n);
     if (n) memcpy(c, tokens, (size_t)n * sizeof *c);
-    free(f->corpus);
-    free(f->table);
-    f->corpus = c;
-    f->n_corpus = n;
-    f->table = NULL;
-    f->n_table = 0;
-    return build_table(f, err);
+    return adopt_corpus(f, c, n) ? lp_error_set(err, LP_ERR_NOMEM, "out of memory for the n-gram table of %d tokens", n)
+                                 : 0;
 }
 
 static lp_forecast *forecast_new(int k, int dim, lp_error *err) {
@@ -158,9 +169,7 @@ static int parse_corpus(lp_forecast *f, const uint8_t *p, int n, const char *wha
         }
         c[i] = v == LP_LPF_SEPARATOR ? -1 : (int32_t)v;
     }
-    f->corpus = c;
-    f->n_corpus = n;
-    if (build_table(f, NULL))
+    if (adopt_corpus(f, c, n))
         return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for the n-gram table of %d tokens", what, n);
     return 0;
 }
