@@ -1,5 +1,5 @@
-/* Fuzzes the .lpf forecast-embedding reader (src/formats/lpf.c), versions 1
- * and 2 (with a draft corpus). The input is tried as is and with its
+/* Fuzzes the .lpf forecast-embedding reader (src/formats/lpf.c), versions 1,
+ * 2 and 3 (with a draft corpus of u32 or bit-packed tokens). The input is tried as is and with its
  * checksum repaired, so mutations get past it to the size, name, value and
  * corpus checks. */
 #include <stdint.h>

@@ -77,6 +77,15 @@ printf '%s\n' '{"prompt":"Once upon a time"}' '{"prompt":"One day"}' '{"prompt":
 "$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 >"$work/plain" 2>/dev/null
 "$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 --speculate "$work/t.lpf" >"$work/spec" 2>/dev/null
 cmp -s "$work/plain" "$work/spec" && ok || bad "trained forecast: output differs"
+# --max-size: the draft corpus keeps the first outputs that fit the limit
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --steps 2 --batch 2 --continue 24 \
+  --eval 0 -t 1 --max-size 900 -o "$work/small.lpf" 2>"$work/err" && [ -s "$work/small.lpf" ] \
+  && [ "$(stat -c %s "$work/small.lpf")" -le 900 ] && grep -q "kept [1-3] of 6 outputs" "$work/err" \
+  && ok || { bad "train-forecast --max-size"; cat "$work/err" >&2; }
+for v in -1 5x 10%; do
+  "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 2 --max-size "$v" -o "$work/x.lpf" 2>"$work/err"
+  rc=$?; [ $rc -eq 2 ] && grep -q "max-size" "$work/err" && ok || bad "--max-size $v: rc=$rc"
+done
 "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" --adapter "$lora" -k 2 --steps 4 --batch 2 \
   --continue 16 -t 1 -o "$work/ta.lpf" 2>"$work/err" && ok || { bad "train-forecast --adapter"; cat "$work/err" >&2; }
 "$bin" run -m "$m" --adapter "$lora" -p "One day" -n 50 --temp 0 -t 1 >"$work/plain" 2>/dev/null

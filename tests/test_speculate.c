@@ -643,6 +643,19 @@ static void test_cost_model(const lp_model *m, const lp_adapter *lora) {
            t[3].n_drafted, t[0].n_drafted, (double)t[3].n_generated / t[3].n_passes,
            (double)t[0].n_generated / t[0].n_passes);
 
+    /* lookup alone at 1 + 0.6 per row: a candidate at the prior (1/2) does
+     * not pay, one sure to be accepted would; the engine tries one every
+     * few passes, so counts can rise, and the output stays plain's */
+    lp_speculate ex = lp_speculate_default();
+    ex.lookup_ngram = 3, ex.lookup_len = 8;
+    for (int r = 0; r < LP_SPEC_COST_ROWS; r++) ex.pass_cost[r] = 1.0f + 0.6f * (float)r;
+    const char *ex_name[1] = {"1 + 0.6 per row, lookup"};
+    compare_all(m, lora, &ex, 1, ex_name, "cost model", 64);
+    lp_spec_stats te;
+    spec_totals_of(m, lora, &ex, &te);
+    CHECK_MSG(te.n_drafted > 0 && te.n_drafted * 4 < te.n_passes && te.n_accepted > 0,
+              "1 + 0.6 per row: %d candidates (%d accepted) in %d passes", te.n_drafted, te.n_accepted, te.n_passes);
+
     /* a table that is not a cost */
     lp_context *ctx = make_ctx(m, 1);
     lp_engine *e = lp_engine_create(ctx, NULL, &err);
@@ -769,7 +782,7 @@ static void test_lpf(const lp_model *m, const lp_model *other) {
     MUTATE((void)0, size - 1, "bytes");
     MUTATE(memset(b + size, 0, 8), size + 8, "bytes");
     MUTATE(b[0] = 'X', size, "magic");
-    MUTATE(lp_le_put_u32(b + 4, 3), size, "version");
+    MUTATE(lp_le_put_u32(b + 4, 4), size, "version");
     MUTATE(lp_le_put_u32(b + 4, 0), size, "version");
     MUTATE(b[40] = 1, size, "reserved"); /* version 1: no corpus count */
     MUTATE(lp_le_put_u32(b + 8, 0), size, "out of range");
@@ -808,6 +821,14 @@ static void test_lpf(const lp_model *m, const lp_model *other) {
  * version 2 file (round trip, every rejection), and greedy speculation
  * that drafts from it == plain decoding, in fewer passes when the corpus
  * holds the continuation itself. */
+/* Sets token i of a corpus packed at `bits` bits to v. */
+static void put_bits(uint8_t *p, int i, int bits, uint32_t v) {
+    for (int j = 0; j < bits; j++) {
+        size_t bit = (size_t)i * (size_t)bits + (size_t)j;
+        p[bit / 8] = (uint8_t)((p[bit / 8] & ~(1u << (bit % 8))) | ((v >> j & 1u) << (bit % 8)));
+    }
+}
+
 static void test_lpf_corpus(const lp_model *m) {
     lp_error err;
     lp_model_info info;
@@ -833,23 +854,48 @@ static void test_lpf_corpus(const lp_model *m) {
 
     size_t size = 0;
     uint8_t *img = image_of(f, &size);
-    size_t corpus_at = 64 + (size_t)2 * info.dim * 4;
-    CHECK(img && size == corpus_at + 16 * 4 && lp_le_get_u32(img + 4) == 2 && lp_le_get_u32(img + 40) == 16);
+    int bits = lp_lpf_token_bits((uint32_t)info.n_vocab);
+    size_t corpus_at = 64 + (size_t)2 * info.dim * 4, packed = (16 * (size_t)bits + 7) / 8;
+    CHECK(img && size == corpus_at + packed && size == lp_lpf_file_bytes(2, info.dim, 0, info.n_vocab, 16));
+    CHECK(img && lp_le_get_u32(img + 4) == 3 && lp_le_get_u32(img + 40) == 16 && lp_le_get_u32(img + 44) == (uint32_t)bits);
     lp_forecast *g = img ? lp_forecast_from_memory(img, size, "corpus.lpf", &err) : NULL;
     CHECK_MSG(g != NULL, "%s", err.message);
     CHECK(g && lp_forecast_corpus_size(g) == 16 && lp_forecast_ngram_next(g, h1, 2) == c &&
           lp_forecast_ngram_next(g, h3, 1) == -1);
     lp_forecast_free(g);
+    /* version 2 (u32 tokens) still reads */
+    size_t size2 = corpus_at + 16 * 4;
+    uint8_t *v2 = calloc(1, size2);
+    if (img && v2) {
+        memcpy(v2, img, corpus_at);
+        lp_le_put_u32(v2 + 4, 2);
+        lp_le_put_u32(v2 + 44, 0);
+        for (int i = 0; i < 16; i++) lp_le_put_u32(v2 + corpus_at + 4 * i, corpus[i] < 0 ? 0xffffffffu : (uint32_t)corpus[i]);
+        lp_le_put_u64(v2 + 32, lp_lpa_hash(LP_LPA_HASH_SEED, v2 + 64, size2 - 64));
+        g = lp_forecast_from_memory(v2, size2, "corpus-v2.lpf", &err);
+        CHECK_MSG(g && lp_forecast_corpus_size(g) == 16 && lp_forecast_ngram_next(g, h1, 2) == c, "version 2: %s",
+                  err.message);
+        lp_forecast_free(g);
+        lp_le_put_u32(v2 + corpus_at + 4, (uint32_t)info.n_vocab);
+        lp_le_put_u64(v2 + 32, lp_lpa_hash(LP_LPA_HASH_SEED, v2 + 64, size2 - 64));
+        CHECK(rejects(v2, size2, "vocabulary"));
+    }
+    free(v2);
     uint8_t *bb = malloc(size + 4);
     #define REHASH() lp_le_put_u64(bb + 32, lp_lpa_hash(LP_LPA_HASH_SEED, bb + 64, size - 64))
     #define MUTATE(stmt, sz, needle) do { memcpy(bb, img, size); stmt; CHECK(rejects(bb, sz, needle)); } while (0)
-    MUTATE((lp_le_put_u32(bb + corpus_at + 4, (uint32_t)info.n_vocab), REHASH()), size, "vocabulary");
-    MUTATE((lp_le_put_u32(bb + corpus_at, 0xfffffffeu), REHASH()), size, "vocabulary");
+    /* token 1 (b_) := n_vocab, token 0 (a) := all ones but one bit */
+    MUTATE((put_bits(bb + corpus_at, 1, bits, (uint32_t)info.n_vocab), REHASH()), size, "vocabulary");
+    MUTATE((put_bits(bb + corpus_at, 0, bits, (1u << bits) - 2), REHASH()), size, "vocabulary");
     MUTATE(bb[corpus_at] ^= 1, size, "checksum");
     MUTATE(lp_le_put_u32(bb + 40, 15), size, "bytes");
     MUTATE(lp_le_put_u32(bb + 40, LP_LPF_MAX_CORPUS + 1), size, "corpus");
     MUTATE(lp_le_put_u32(bb + 16, 0), size, "corpus"); /* a corpus needs the vocabulary */
-    MUTATE(bb[44] = 1, size, "reserved");
+    MUTATE(lp_le_put_u32(bb + 44, (uint32_t)bits + 1), size, "bits");
+    MUTATE(lp_le_put_u32(bb + 44, 32), size, "bits");
+    MUTATE(bb[48] = 1, size, "reserved");
+    if ((16 * bits) % 8) MUTATE((bb[size - 1] |= 0x80, REHASH()), size, "after the last");
+    MUTATE((bb[size] = 0, REHASH()), size + 1, "bytes");
     #undef MUTATE
     #undef REHASH
     free(bb);

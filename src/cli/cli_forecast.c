@@ -4,6 +4,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include <cjson/cJSON.h>
 
@@ -88,6 +89,9 @@ static void train_forecast_usage(FILE *out) {
             "                     and after (default: a tenth, at least 1 when there are 2+)\n"
             "  --tree B1,B2,...   the tree that evaluation uses (default: a chain of K)\n"
             "  --no-corpus        don't keep the teacher outputs in the file as its draft corpus\n"
+            "  --max-size N|P%%    the file's size limit in bytes, or in percent of the adapter\n"
+            "                     file: the corpus keeps the first prompts' outputs that fit\n"
+            "                     (default 5%% with --adapter, else none; 0: none)\n"
             "                     (by default the engine drafts n-gram chains from them)\n"
             "  -s, --seed S       (default 1)   -t, --threads N (default: all cores)\n");
 }
@@ -161,6 +165,7 @@ int cli_train_forecast(int argc, char **argv) {
     long k = 4, seed = 1, steps = 200, batch = 8, anchors = 8, cont = 48, eval = -1, threads = 0;
     double lr = 0.02;
     bool no_corpus = false;
+    const char *max_size = NULL;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -177,6 +182,7 @@ int cli_train_forecast(int argc, char **argv) {
         else if (!strcmp(a, "--data")) data = v;
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) out_path = v;
         else if (!strcmp(a, "--tree")) tree = v;
+        else if (!strcmp(a, "--max-size")) max_size = v;
         else if (!strcmp(a, "-k")) { if (!cli_int(a, v, 1, LP_SPEC_MAX_DEPTH, &k)) return 2; }
         else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
         else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000000, &steps)) return 2; }
@@ -211,6 +217,17 @@ int cli_train_forecast(int argc, char **argv) {
         }
         eval_tree.depth = n;
     }
+    char *end = NULL;
+    double size_limit = strtod(max_size ? max_size : (adapter_spec ? "5%" : "0"), &end);
+    bool percent = end && *end == '%';
+    if (!end || end == max_size || (*end && strcmp(end, "%")) || size_limit < 0 || size_limit > 1e12) {
+        fprintf(stderr, "loraplex train-forecast: --max-size wants bytes or a percentage, like 30000 or 5%%\n");
+        return 2;
+    }
+    if (percent && !adapter_spec) {
+        fprintf(stderr, "loraplex train-forecast: --max-size %s is relative to an --adapter\n", max_size);
+        return 2;
+    }
     lp_error err = {0};
     lp_model *m = lp_model_load(base_path, NULL, &err);
     if (!m) return cli_fail(base_path, &err);
@@ -224,6 +241,14 @@ int cli_train_forecast(int argc, char **argv) {
         if (!adapter) {
             rc = cli_fail(adapter_spec, &err);
             goto out;
+        }
+        struct stat st;
+        if (percent) {
+            if (stat(spec, &st) != 0) {
+                fprintf(stderr, "loraplex train-forecast: %s: cannot read its size for --max-size\n", spec);
+                goto out;
+            }
+            size_limit = size_limit / 100.0 * (double)st.st_size;
         }
     }
     n = cli_load_prompts(m, data, 0, &prompts, &lens, &err);
@@ -242,7 +267,7 @@ int cli_train_forecast(int argc, char **argv) {
         .base = m, .adapter = adapter, .prompts = (const int32_t *const *)prompts, .n_prompt = lens,
         .n_prompts = n, .n_eval = (int)eval, .k = (int)k, .n_continue = (int)cont, .steps = (int)steps,
         .batch = (int)batch, .anchors = (int)anchors, .lr = (float)lr, .seed = (uint64_t)seed,
-        .threads = (int)threads, .eval_tree = eval_tree, .no_corpus = no_corpus,
+        .threads = (int)threads, .eval_tree = eval_tree, .no_corpus = no_corpus, .max_bytes = (size_t)size_limit,
     };
     fprintf(stderr, "train-forecast: %d prompts (%ld held out), k %ld, %ld steps of %ld x %ld groups, seed %ld\n", n,
             eval, k, steps, batch, anchors, seed);
@@ -260,6 +285,9 @@ int cli_train_forecast(int argc, char **argv) {
         else if (eval > 0)
             fprintf(stderr, "held-out tokens per pass %.3f (initial) -> %.3f (trained); ",
                     rep.eval_tokens_per_pass_before, rep.eval_tokens_per_pass_after);
+        if (rep.corpus_dropped)
+            fprintf(stderr, "the size limit of %.0f bytes kept %d of %d outputs in the corpus; ", size_limit,
+                    rep.corpus_sequences, rep.corpus_sequences + rep.corpus_dropped);
         fprintf(stderr, "%.1f s; wrote %s\n", rep.seconds, out_path);
         rc = 0;
     }

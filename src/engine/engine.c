@@ -38,6 +38,7 @@ typedef struct pending_text {
 #define SPEC_LOOKUP_CHAINS 2
 #define SPEC_NGRAM_CLASS (SPEC_LOOKUP_CLASS + SPEC_LOOKUP_CHAINS * SPEC_LOOKUP_POSITIONS)
 #define SPEC_CLASSES (SPEC_NGRAM_CLASS + SPEC_LOOKUP_POSITIONS)
+#define SPEC_EXPLORE 8 /* keep_worthwhile: passes without candidates before it tries one */
 
 /* Acceptance counts of one task (adapter identity and forecast set): the
  * cost model's evidence, shared by the task's requests and kept across
@@ -87,6 +88,7 @@ typedef struct request {
     uint8_t cand_class[LP_SPEC_MAX_NODES]; /* where a candidate came from (SPEC_CLASSES) */
     int lookup_anchor;     /* the history position the last lookup chain copied from */
     int accept;            /* its entry in the engine's acceptance table */
+    int pruned_passes;     /* passes in a row the cost model placed no candidate */
     lp_spec_stats spec_stats;
 } request;
 
@@ -1016,6 +1018,13 @@ static void keep_worthwhile(const lp_engine *e, request *r) {
         double value = expected / pass_cost(&r->sp, 1 + m + k * (1 + m));
         if (value > best_value) best_value = value, best = k;
     }
+    /* Exploration: estimates that fell below the cost after a few misses
+     * would never be tried again, so never recover. Every SPEC_EXPLORE-th
+     * pass in a row without candidates places the likeliest one, if one
+     * sure to be accepted would pay. */
+    if (best > 0 || n == 0) r->pruned_passes = 0;
+    else if (++r->pruned_passes >= SPEC_EXPLORE && 2.0 / pass_cost(&r->sp, 2 + 2 * m) > best_value)
+        best = 1, r->pruned_passes = 0;
     bool keep[LP_SPEC_MAX_NODES] = {false};
     for (int k = 0; k < best; k++) keep[order[k]] = true;
     int renumber[LP_SPEC_MAX_NODES], kept = 0;

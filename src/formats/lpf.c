@@ -156,18 +156,50 @@ static lp_forecast *forecast_new(int k, int dim, lp_error *err) {
 
 static size_t name_padded(size_t n) { return (n + 3) & ~(size_t)3; }
 
-/* The corpus section of a version 2 file (n tokens at p) into f. */
-static int parse_corpus(lp_forecast *f, const uint8_t *p, int n, const char *what, lp_error *err) {
+int lp_lpf_token_bits(uint32_t n_vocab) {
+    int b = 1;
+    while (b < 32 && ((1u << b) - 1) < n_vocab) b++;
+    return b;
+}
+
+static size_t corpus_bytes(size_t n, int bits) { return (n * (size_t)bits + 7) / 8; }
+
+size_t lp_lpf_file_bytes(int k, int dim, size_t name_len, int n_vocab, size_t n_corpus) {
+    size_t corpus = n_corpus ? corpus_bytes(n_corpus, lp_lpf_token_bits((uint32_t)n_vocab)) : 0;
+    return LP_LPF_HEADER_BYTES + name_padded(name_len) + (size_t)k * (size_t)dim * sizeof(float) + corpus;
+}
+
+/* Token i of a corpus packed at `bits` bits, least significant bit first. */
+static uint32_t unpack(const uint8_t *p, size_t n_bytes, size_t i, int bits) {
+    size_t bit = i * (size_t)bits, at = bit / 8;
+    uint64_t w = 0;
+    for (size_t j = 0; j < 5 && at + j < n_bytes; j++) w |= (uint64_t)p[at + j] << (8 * j);
+    return (uint32_t)((w >> (bit % 8)) & ((1ull << bits) - 1));
+}
+
+static void pack(uint8_t *p, size_t i, int bits, uint32_t v) {
+    size_t bit = i * (size_t)bits;
+    for (int j = 0; j < bits; j++, bit++)
+        if (v >> j & 1) p[bit / 8] |= (uint8_t)(1u << (bit % 8));
+}
+
+/* The corpus section (n tokens of `bits` bits in n_bytes at p) into f. */
+static int parse_corpus(lp_forecast *f, const uint8_t *p, size_t n_bytes, int n, int bits, const char *what,
+                        lp_error *err) {
+    size_t used = (size_t)n * (size_t)bits;
+    if (used % 8 && p[n_bytes - 1] >> (used % 8))
+        return lp_error_set(err, LP_ERR_FORMAT, "%s: the bits after the last corpus token are not zero", what);
     int32_t *c = malloc((size_t)n * sizeof *c);
     if (!c) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for a draft corpus of %d", what, n);
+    uint32_t separator = (uint32_t)((1ull << bits) - 1);
     for (int i = 0; i < n; i++) {
-        uint32_t v = lp_le_get_u32(p + 4 * (size_t)i);
-        if (v != LP_LPF_SEPARATOR && v >= (uint32_t)f->n_vocab) {
+        uint32_t v = unpack(p, n_bytes, (size_t)i, bits);
+        if (v != separator && v >= (uint32_t)f->n_vocab) {
             free(c);
             return lp_error_set(err, LP_ERR_FORMAT, "%s: draft corpus token %d is %u (vocabulary %d)", what, i, v,
                                 f->n_vocab);
         }
-        c[i] = v == LP_LPF_SEPARATOR ? -1 : (int32_t)v;
+        c[i] = v == separator ? -1 : (int32_t)v;
     }
     if (adopt_corpus(f, c, n))
         return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for the n-gram table of %d tokens", what, n);
@@ -199,6 +231,16 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
                      "size recorded)", what, n_corpus, LP_LPF_MAX_CORPUS);
         return NULL;
     }
+    int bits = version == 2 ? 32 : 0;
+    if (version == 3) {
+        uint32_t b = lp_le_get_u32(p + 44);
+        bits = lp_lpf_token_bits(n_vocab);
+        if (b != (uint32_t)bits) {
+            lp_error_set(err, LP_ERR_FORMAT, "%s: corpus tokens of %u bits (a vocabulary of %u takes %d)", what, b,
+                         n_vocab, bits);
+            return NULL;
+        }
+    }
     if (dim < 1 || dim > LP_LPF_MAX_DIM || k < 1 || k > LP_LPF_MAX_K) {
         lp_error_set(err, LP_ERR_FORMAT, "%s: dim %u / k %u out of range (1..%d / 1..%d)", what, dim, k,
                      LP_LPF_MAX_DIM, LP_LPF_MAX_K);
@@ -209,15 +251,15 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
                      LP_LPF_NAME_BYTES - 1);
         return NULL;
     }
-    for (int i = version >= 2 ? 44 : 40; i < LP_LPF_HEADER_BYTES; i++)
+    for (int i = version == 3 ? 48 : version == 2 ? 44 : 40; i < LP_LPF_HEADER_BYTES; i++)
         if (p[i]) {
             lp_error_set(err, LP_ERR_FORMAT, "%s: reserved header byte %d is not zero", what, i);
             return NULL;
         }
     /* sizes: all small by the checks above, still computed with overflow checks */
     size_t data_off = LP_LPF_HEADER_BYTES + name_padded(name_len), data_bytes, total, hashed;
-    size_t corpus_bytes = (size_t)n_corpus * 4;
-    if (!lp_mul_ok((size_t)k * dim, sizeof(float), &data_bytes) || !lp_add_ok(data_bytes, corpus_bytes, &hashed) ||
+    size_t packed = n_corpus ? corpus_bytes(n_corpus, bits) : 0;
+    if (!lp_mul_ok((size_t)k * dim, sizeof(float), &data_bytes) || !lp_add_ok(data_bytes, packed, &hashed) ||
         !lp_add_ok(data_off, hashed, &total)) {
         lp_error_set(err, LP_ERR_FORMAT, "%s: size overflows", what);
         return NULL;
@@ -258,7 +300,7 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
         }
         f->data[i] = v;
     }
-    if (n_corpus && parse_corpus(f, p + data_off + data_bytes, (int)n_corpus, what, err)) {
+    if (n_corpus && parse_corpus(f, p + data_off + data_bytes, packed, (int)n_corpus, bits, what, err)) {
         lp_forecast_free(f);
         return NULL;
     }
@@ -319,12 +361,12 @@ lp_forecast *lp_forecast_create(const lp_model *model, int k, const float *embd,
 int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err) {
     if (!f || !path) return lp_error_set(err, LP_ERR_INVALID, "lp_forecast_save needs a forecast set and a path");
     size_t nl = strlen(f->name), off = LP_LPF_HEADER_BYTES + name_padded(nl);
-    size_t data_bytes = (size_t)f->k * (size_t)f->dim * sizeof(float), corpus_bytes = (size_t)f->n_corpus * 4;
-    size_t total = off + data_bytes + corpus_bytes;
+    size_t data_bytes = (size_t)f->k * (size_t)f->dim * sizeof(float);
+    size_t total = lp_lpf_file_bytes(f->k, f->dim, nl, f->n_vocab, (size_t)f->n_corpus);
     uint8_t *buf = calloc(1, total);
     if (!buf) return lp_error_set(err, LP_ERR_NOMEM, "out of memory writing %s", path);
     memcpy(buf, LP_LPF_MAGIC, 4);
-    lp_le_put_u32(buf + 4, f->n_corpus ? 2 : 1); /* readers of version 1 keep reading sets without a corpus */
+    lp_le_put_u32(buf + 4, f->n_corpus ? 3 : 1); /* readers of version 1 keep reading sets without a corpus */
     lp_le_put_u32(buf + 8, (uint32_t)f->dim);
     lp_le_put_u32(buf + 12, (uint32_t)f->k);
     lp_le_put_u32(buf + 16, (uint32_t)f->n_vocab);
@@ -332,10 +374,15 @@ int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err) {
     lp_le_put_u64(buf + 24, f->fingerprint);
     memcpy(buf + LP_LPF_HEADER_BYTES, f->name, nl);
     for (size_t i = 0; i < (size_t)f->k * (size_t)f->dim; i++) lp_le_put_f32(buf + off + 4 * i, f->data[i]);
-    lp_le_put_u32(buf + 40, (uint32_t)f->n_corpus);
-    for (int i = 0; i < f->n_corpus; i++)
-        lp_le_put_u32(buf + off + data_bytes + 4 * (size_t)i, f->corpus[i] < 0 ? LP_LPF_SEPARATOR : (uint32_t)f->corpus[i]);
-    lp_le_put_u64(buf + 32, lp_lpa_hash(LP_LPA_HASH_SEED, buf + off, data_bytes + corpus_bytes));
+    if (f->n_corpus) {
+        int bits = lp_lpf_token_bits((uint32_t)f->n_vocab);
+        lp_le_put_u32(buf + 40, (uint32_t)f->n_corpus);
+        lp_le_put_u32(buf + 44, (uint32_t)bits);
+        for (int i = 0; i < f->n_corpus; i++)
+            pack(buf + off + data_bytes, (size_t)i, bits,
+                 f->corpus[i] < 0 ? (uint32_t)((1ull << bits) - 1) : (uint32_t)f->corpus[i]);
+    }
+    lp_le_put_u64(buf + 32, lp_lpa_hash(LP_LPA_HASH_SEED, buf + off, total - off));
     FILE *fp = fopen(path, "wb");
     int rc = 0;
     if (!fp) {

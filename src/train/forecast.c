@@ -65,21 +65,32 @@ static int decode(lp_context *ctx, const lp_adapter *a, const int32_t *prompt, i
 
 /* The teacher outputs as f's draft corpus: each continuation after the last
  * LP_LPF_NGRAM tokens of its prompt (so the first output token has its
- * context), sequences separated by -1. */
-static int attach_corpus(lp_forecast *f, const teacher *tch, int n, lp_error *err) {
-    size_t total = 0;
-    for (int i = 0; i < n; i++) total += (size_t)(tch[i].n - tch[i].n_prompt) + 4;
+ * context), sequences separated by -1; the first prompts' outputs while the
+ * file stays within max_bytes (0: no limit). */
+static int attach_corpus(lp_forecast *f, const lp_model *base, const teacher *tch, int n, size_t max_bytes,
+                         lp_forecast_train_report *rep, lp_error *err) {
+    lp_model_info info;
+    lp_model_get_info(base, &info);
+    size_t name_len = strlen(lp_forecast_adapter_name(f)), total = 0;
+    for (int i = 0; i < n; i++) total += (size_t)(tch[i].n - tch[i].n_prompt) + LP_LPF_NGRAM + 1;
     if (total > LP_LPF_MAX_CORPUS) total = LP_LPF_MAX_CORPUS;
     int32_t *c = malloc((total ? total : 1) * sizeof *c);
     if (!c) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for the draft corpus");
     size_t len = 0;
+    int kept = 0;
     for (int i = 0; i < n; i++) {
-        int from = tch[i].n_prompt > 3 ? tch[i].n_prompt - 3 : 0, need = tch[i].n - from + 1;
-        if (len + (size_t)need > total) break; /* the corpus limit: the first prompts' outputs */
+        int from = tch[i].n_prompt > LP_LPF_NGRAM ? tch[i].n_prompt - LP_LPF_NGRAM : 0, need = tch[i].n - from + 1;
+        if (len + (size_t)need > total) break;
+        if (max_bytes && lp_lpf_file_bytes(lp_forecast_k(f), lp_forecast_dim(f), name_len, info.n_vocab,
+                                           len + (size_t)need) > max_bytes)
+            break;
         memcpy(c + len, tch[i].ids + from, (size_t)(tch[i].n - from) * sizeof *c);
         len += (size_t)(tch[i].n - from);
         c[len++] = -1;
+        kept++;
     }
+    rep->corpus_sequences = kept;
+    rep->corpus_dropped = n - kept;
     int rc = lp_forecast_set_corpus(f, c, (int)len, err);
     free(c);
     return rc;
@@ -246,7 +257,7 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
         if (rep.eval_tokens_per_pass_embeddings < 0) goto fail;
     }
     if (out && !p.no_corpus) {
-        if (attach_corpus(out, tch, n_train, err)) goto fail;
+        if (attach_corpus(out, p.base, tch, n_train, p.max_bytes, &rep, err)) goto fail;
         rep.n_corpus = lp_forecast_corpus_size(out);
     }
     if (out && p.n_eval > 0) {

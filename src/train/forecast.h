@@ -35,6 +35,8 @@ typedef struct lp_forecast_train_params {
     bool quiet;                      /* no progress lines on stderr */
     bool no_corpus;                  /* don't attach the teacher outputs as the set's
                                         draft corpus (lp_forecast_set_corpus) */
+    size_t max_bytes;                /* the file's size limit: the corpus keeps the first
+                                        prompts' outputs that fit (0: no limit) */
 } lp_forecast_train_params;
 
 typedef struct lp_forecast_train_report {
@@ -42,6 +44,7 @@ typedef struct lp_forecast_train_report {
     double eval_tokens_per_pass_before, eval_tokens_per_pass_after;
     double eval_tokens_per_pass_embeddings; /* trained, without the corpus (with one: else = after) */
     int n_corpus;                    /* tokens of the draft corpus attached */
+    int corpus_sequences, corpus_dropped; /* teacher outputs in it / left out by max_bytes */
     int n_teacher_tokens;
     double seconds;
 } lp_forecast_train_report;
