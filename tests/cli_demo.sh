@@ -39,6 +39,11 @@ run_demo() {
 # the demo: every task section, the styles section, no error
 run_demo "$demo" "$tasks"
 grep -q "swap" <<<"$out" && ok || bad "demo output lacks the swap time"
+# version 1 has forecast files: the correction task decoded plainly and
+# speculatively, every output the same, fewer passes, both timed
+grep -q "^== 3. speculative decoding" <<<"$out" && grep -Eq "^([0-9]+) of \1 outputs identical" <<<"$out" &&
+  grep -Eq "^decode [0-9.]+ ms -> [0-9.]+ ms: [0-9.]+x" <<<"$out" && [ "$(grep -c "speculative: (the same text)" <<<"$out")" -ge 4 ] &&
+  ok || bad "demo lacks the speculative section (or an output differs)"
 # version 1 has QUAD's fitted adapters (models/demo/quad): the demo runs them
 # under the shared profile and says so
 grep -q "int8 codes under one shared QUAD profile, quad/shared.lpq" <<<"$out" &&

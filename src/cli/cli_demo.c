@@ -8,7 +8,10 @@
  *      adapter into one slot of a live context (the swap is timed: it is a
  *      pointer store), with the base alone for contrast;
  *   2. one sentence rendered in four styles at once: lp_generate_streams
- *      with one stream per style adapter over a shared prompt.
+ *      with one stream per style adapter over a shared prompt;
+ *   3. where the folder has forecast/correct.lpf: the correction task
+ *      decoded plainly and speculatively (DS2D, docs/speculate.md), the same
+ *      text in fewer passes, both timed.
  *
  * Sample inputs are drawn from the world generator's eval split (meanings
  * the adapters never saw in training). Without models/demo it falls back to
@@ -368,6 +371,150 @@ done:
     return rc;
 }
 
+/* ---- 3. speculative decoding ------------------------------------------------------ */
+
+/* One greedy answer through the engine, plain (sp NULL) or speculative. */
+typedef struct engine_answer {
+    text_buf text;
+    int tokens, passes;
+    double decode_seconds; /* from the first token to the last */
+} engine_answer;
+
+static bool collect_request(void *user, int request, const char *text, size_t len) {
+    (void)request;
+    return collect_one(user, text, len);
+}
+
+/* Runs one request to its end on engine e (nothing else in flight). */
+static int answer_engine(demo *d, lp_engine *e, const int32_t *prompt, int n, const lp_adapter *a,
+                         const lp_speculate *sp, engine_answer *out, lp_error *err) {
+    (void)d;
+    memset(out, 0, sizeof *out);
+    static const char *const stop[] = {"\n"};
+    lp_request q = lp_request_default();
+    q.prompt = prompt;
+    q.n_prompt = n;
+    q.adapter = a;
+    q.prefix_adapter = a;
+    q.n_prefix = n;
+    q.sampling.temperature = 0;
+    q.max_tokens = MAX_NEW;
+    q.stop = stop;
+    q.n_stop = 1;
+    q.no_reuse = true;
+    q.drop_kv = true;
+    q.fn = collect_request;
+    q.user = &out->text;
+    q.speculate = sp;
+    int id = lp_engine_submit(e, &q, err), left = 1;
+    if (id < 0) return -1;
+    double t1 = 0;
+    lp_request_stats rs = {0};
+    while (left > 0) {
+        if ((left = lp_engine_step(e, err)) < 0) return -1;
+        lp_engine_request_stats(e, id, &rs);
+        if (t1 == 0 && rs.n_generated > 0) t1 = lp_now_seconds();
+    }
+    out->decode_seconds = t1 > 0 ? lp_now_seconds() - t1 : 0;
+    lp_spec_stats ss = {0};
+    lp_engine_request_spec_stats(e, id, &ss);
+    out->tokens = rs.n_generated;
+    out->passes = sp ? ss.n_passes : rs.n_generated;
+    cut_newline(out->text.text[0]);
+    return 0;
+}
+
+/* The faster of `reps` runs (the demo model is small: one run is a few ms,
+ * and a timer tick or another process shows). */
+static int answer_best(demo *d, lp_engine *e, const int32_t *prompt, int n, const lp_adapter *a,
+                       const lp_speculate *sp, int reps, engine_answer *best, lp_error *err) {
+    engine_answer r;
+    for (int i = 0; i < reps; i++) {
+        if (answer_engine(d, e, prompt, n, a, sp, &r, err)) return -1;
+        if (i == 0 || r.decode_seconds < best->decode_seconds) *best = r;
+    }
+    return 0;
+}
+
+static int show_speculate(demo *d, lp_rng *rng, const char *dir) {
+    char path[PATH_MAX + 64];
+    snprintf(path, sizeof path, "%s/forecast/correct.lpf", dir);
+    int task = task_from_name(d, "correct");
+    if (!file_exists(path) || task < 0 || !d->adapter[task]) return 0;
+    lp_error err;
+    lp_forecast *f = lp_forecast_load(path, &err);
+    if (!f || lp_forecast_check(f, d->model, &err)) {
+        lp_forecast_free(f);
+        return cli_fail(path, &err);
+    }
+    /* the configuration that is fastest on this small model (docs/benchmarks.md
+     * section 23): the chain from the forecast file's draft corpus and prompt
+     * lookup, no forecast rows (a pass of many rows costs nearly as many rows
+     * here), pruned by the measured cost of a pass */
+    lp_speculate sp = lp_speculate_default();
+    sp.forecast = f;
+    sp.lookup_ngram = 3;
+    sp.lookup_len = 8;
+    int rc = 0;
+    lp_engine *e = NULL;
+    if (lp_speculate_measure_cost(d->ctx, 64, sp.pass_cost, LP_SPEC_COST_ROWS, &err) ||
+        !(e = lp_engine_create(d->ctx, NULL, &err))) {
+        rc = cli_fail("speculation", &err);
+        goto done;
+    }
+    printf("\n== 3. speculative decoding (DS2D): the same text in fewer passes ==\n");
+    /* one engine for all runs, as a server keeps one: its acceptance counts
+     * per adapter carry from request to request */
+    printf("[correct]  forecast/correct.lpf: a draft corpus of %d tokens (the adapter's own outputs); drafts from it\n"
+           "  and from the prompt (lookup 3:8), verified as one batch of rows a pass; a pass of 2 / 4 / 8 rows\n"
+           "  costs %.2f / %.2f / %.2f of one row here, and each step keeps the drafts worth their rows\n",
+           lp_forecast_corpus_size(f), (double)sp.pass_cost[1], (double)sp.pass_cost[3], (double)sp.pass_cost[7]);
+    int tokens = 0, plain_passes = 0, spec_passes = 0, same = 0, n_rec = samples_per_task(d) + 2;
+    double plain_s = 0, spec_s = 0;
+    for (int k = 0; k < n_rec; k++) {
+        lp_world_record r;
+        eval_sample(d, rng, task, k % n_langs(d), &r);
+        int32_t prompt[512];
+        int n = lp_tokenize(d->model, r.prompt, strlen(r.prompt), lp_model_add_bos(d->model), false, prompt, 512,
+                            &err);
+        if (n < 0 || n > 512) {
+            rc = cli_fail("tokenize", &err);
+            goto done;
+        }
+        engine_answer plain, spec;
+        if (answer_best(d, e, prompt, n, d->adapter[task], NULL, 3, &plain, &err) ||
+            answer_best(d, e, prompt, n, d->adapter[task], &sp, 3, &spec, &err)) {
+            rc = cli_fail("generate", &err);
+            goto done;
+        }
+        bool identical = strcmp(plain.text.text[0], spec.text.text[0]) == 0 && plain.tokens == spec.tokens;
+        same += identical;
+        tokens += plain.tokens;
+        plain_passes += plain.passes;
+        spec_passes += spec.passes;
+        plain_s += plain.decode_seconds;
+        spec_s += spec.decode_seconds;
+        char prompt_text[768], lang[64];
+        snprintf(prompt_text, sizeof prompt_text, "%s", r.prompt);
+        cut_newline(prompt_text);
+        lang_label(d, r.lang, lang, sizeof lang);
+        printf("  %-5s %s\n", lang, prompt_text);
+        printf("        plain:       %s  [%d tokens, %d passes, %.1f ms]\n", plain.text.text[0], plain.tokens,
+               plain.passes, plain.decode_seconds * 1e3);
+        printf("        speculative: %s  [%d passes, %.1f ms]\n", identical ? "(the same text)" : spec.text.text[0],
+               spec.passes, spec.decode_seconds * 1e3);
+    }
+    printf("%d of %d outputs identical; %d tokens in %d passes plainly, %d speculatively (%.2f tokens per pass);\n"
+           "decode %.1f ms -> %.1f ms: %.2fx (the faster of 3 runs each)\n",
+           same, n_rec, tokens, plain_passes, spec_passes, spec_passes ? (double)tokens / spec_passes : 0.0,
+           plain_s * 1e3, spec_s * 1e3, spec_s > 0 ? plain_s / spec_s : 0.0);
+    if (same != n_rec) rc = 1; /* speculation is lossless: a difference is a bug */
+done:
+    lp_engine_free(e);
+    lp_forecast_free(f);
+    return rc;
+}
+
 static void demo_free(demo *d) {
     lp_sampler_free(d->greedy);
     lp_context_free(d->ctx);
@@ -454,6 +601,7 @@ static int world_demo(const char *dir, long seed, int threads) {
     cp.max_sequences = N_STYLES;
     cp.max_seq_len = 256;
     cp.n_ctx = N_STYLES * 256;
+    cp.max_logit_rows = LP_SPEC_MAX_NODES + 1; /* a speculative step asks for every draft's logits */
     lp_sampler_params sp = lp_sampler_default_params();
     sp.temperature = 0;
     if (!(d.ctx = lp_context_create(d.model, &cp, &err)) ||
@@ -464,7 +612,7 @@ static int world_demo(const char *dir, long seed, int threads) {
     }
     lp_rng rng;
     lp_rng_seed(&rng, (uint64_t)seed);
-    if (show_tasks(&d, &rng) != 0 || show_styles(&d, &rng) != 0) goto done;
+    if (show_tasks(&d, &rng) != 0 || show_styles(&d, &rng) != 0 || show_speculate(&d, &rng, dir) != 0) goto done;
     rc = 0;
 done:
     demo_free(&d);
