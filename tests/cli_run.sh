@@ -61,6 +61,16 @@ c=$("$bin" run -m "$models/stories260K.gguf" --adapter "$work/a.lpa" -p "Once up
 d=$("$bin" run -m "$work/merged.gguf" -p "Once upon a time" -n 40 --temp 0 2>/dev/null)
 [ "$d" = "$b" ] && ok || bad "our merge differs: '$d'"
 "$bin" adapter info "$work/a.lpa" | grep -qi "rank" && ok || bad "adapter info"
+# a merge of the demo base (its byte-level BPE vocabulary names the GPT-2
+# pre-tokenizer "gpt2") writes llama.cpp's name "gpt-2", and decodes as the
+# base with the adapter
+demo="$(dirname "$0")/../models/demo"
+p=$'fix: In the evening the girl will make the the black apple.\n'
+"$bin" adapter merge --base "$demo/base.gguf" --adapter "$demo/adapters/correct.lpa" -o "$work/dm.gguf" 2>"$work/err" \
+  && grep -aq "gpt-2" "$work/dm.gguf" && grep -aq "gpt2" "$demo/base.gguf" && ok || bad "demo merge: $(cat "$work/err")"
+e=$("$bin" run -m "$demo/base.gguf" --adapter "$demo/adapters/correct.lpa" -p "$p" -n 20 --temp 0 2>/dev/null)
+f=$("$bin" run -m "$work/dm.gguf" -p "$p" -n 20 --temp 0 2>/dev/null)
+[ -n "$e" ] && [ "$e" = "$f" ] && ok || bad "demo merge decodes '$f', the adapter '$e'"
 
 # concurrent streams: JSON lines, one done record per stream; stream 0 of a
 # greedy seed-top run is the plain greedy continuation

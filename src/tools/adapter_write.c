@@ -358,6 +358,12 @@ int lp_adapter_merge(const lp_model *base, const lp_adapter *const *adapters, in
     for (size_t i = 0; i < lp_gguf_kv_count(g); i++) {
         const lp_gguf_kv *kv = lp_gguf_kv_at(g, i);
         if (lp_str_eq(kv->key, "general.file_type")) continue; /* types change */
+        /* our tokenizer trainer names the GPT-2 pre-tokenizer "gpt2"; llama.cpp
+         * knows it only as "gpt-2", and a merged file is for other tools too */
+        if (lp_str_eq(kv->key, "tokenizer.ggml.pre") && kv->type == LP_GGUF_STRING && lp_str_eq(kv->v.s, "gpt2")) {
+            lp_gguf_writer_set_str(w, "tokenizer.ggml.pre", "gpt-2");
+            continue;
+        }
         lp_gguf_writer_copy_kv(w, kv);
     }
     int rc = 0;
