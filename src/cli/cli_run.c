@@ -52,7 +52,8 @@ static void run_usage(FILE *out) {
             "speculative decoding (prints exactly the plain output, greedy or sampled with a --seed):\n"
             "      --speculate F.lpf   forecast embeddings (loraplex forecast-random, train-forecast)\n"
             "      --tree B1,B2,...    candidates per depth from the forecast rows (default 3,2,\n"
-            "                          cut to the file's k); 1,1,1,1 is a chain of 4\n"
+            "                          cut to the file's k); 1,1,1,1 is a chain of 4; 0: no\n"
+            "                          forecast rows (the file's corpus chain and --lookup only)\n"
             "      --lookup N[:L]      also propose the L tokens (default 8) that followed an\n"
             "                          earlier match of the last N..1 tokens (prompt lookup: up\n"
             "                          to two chains, docs/speculate.md); works without --speculate too\n"
@@ -276,7 +277,9 @@ static int parse_speculate(const run_options *o, const lp_forecast *f, lp_specul
     int k = f ? lp_forecast_k(f) : 0;
     if (f) {
         int def[2] = {3, 2}, n = 0;
-        if (o->tree) {
+        if (o->tree && !strcmp(o->tree, "0")) {
+            /* no forecast rows: the file's corpus chain (and lookup) alone */
+        } else if (o->tree) {
             const char *p = o->tree;
             while (*p) {
                 char *end;

@@ -22,9 +22,74 @@ AVX512 INLINE __m512 load_w_masked(const void *row, int64_t i, __mmask16 m, bool
     return _mm512_maskz_loadu_ps(m, (const float *)row + i);
 }
 
-AVX512 INLINE void store_result(const lp_tile *t, float *y, int r, int b, float s) {
-    float *dst = y + b * t->y_stride + r;
-    *dst = t->accumulate ? *dst + s : s;
+/* Lane sums of many accumulators at once, by the tree _mm512_reduce_add_ps
+ * takes for one (lane i + lane i+8, then i + i+4, then i + i+2, then
+ * i + i+1), so every sum has the same bits whichever of these reduces it.
+ * For the short rows of small models a reduction per output costs as much
+ * as its dot product; these share the shuffles and adds of the levels.
+ *
+ * Level 1 of two vectors: chunk (4 lanes) c of a + chunk c + 2, for a in
+ * the low half and b in the high half of the result. */
+AVX512 INLINE __m512 halves(__m512 a, __m512 b) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(a, b, 0x44), _mm512_shuffle_f32x4(a, b, 0xEE));
+}
+/* Level 2 of two level-1 vectors: each half's chunk 0 + chunk 1, giving
+ * the four partials in chunks 0..3 (c's low, c's high, d's low, d's high). */
+AVX512 INLINE __m512 quarters(__m512 c, __m512 d) {
+    return _mm512_add_ps(_mm512_shuffle_f32x4(c, d, 0x88), _mm512_shuffle_f32x4(c, d, 0xDD));
+}
+/* Levels 3 and 4 within each chunk: lane 0 + 2 and 1 + 3 (p in lanes 0-1,
+ * q in lanes 2-3), then lane 0 + 1 (and 2 + 3). */
+AVX512 INLINE __m512 pairs(__m512 p, __m512 q) {
+    return _mm512_add_ps(_mm512_shuffle_ps(p, q, _MM_SHUFFLE(1, 0, 1, 0)), _mm512_shuffle_ps(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+AVX512 INLINE __m512 singles(__m512 r, __m512 s) {
+    return _mm512_add_ps(_mm512_shuffle_ps(r, s, _MM_SHUFFLE(2, 0, 2, 0)), _mm512_shuffle_ps(r, s, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The 16 sums of acc[4][4]; lane 4b + r holds acc[r][b]'s. (Accumulator
+ * k = 4r + b ends in lane 4(k % 4) + k / 4.) */
+AVX512 INLINE __m512 reduce_4x4(__m512 acc[4][4]) {
+    __m512 l1[8], l2[4];
+    for (int j = 0; j < 8; j++) l1[j] = halves(acc[(2 * j) / 4][(2 * j) % 4], acc[(2 * j + 1) / 4][(2 * j + 1) % 4]);
+    for (int m = 0; m < 4; m++) l2[m] = quarters(l1[2 * m], l1[2 * m + 1]);
+    return singles(pairs(l2[0], l2[1]), pairs(l2[2], l2[3]));
+}
+
+/* The 8 sums of acc[r][b], b < 2; lane 4b + r holds acc[r][b]'s. */
+AVX512 INLINE __m256 reduce_4x2(__m512 acc[4][4]) {
+    __m512 h[4];
+    for (int r = 0; r < 4; r++) h[r] = halves(acc[r][0], acc[r][1]);
+    __m512 p = pairs(quarters(h[0], h[1]), quarters(h[2], h[3]));
+    __m512 sums = singles(p, p); /* chunk c: lanes 0 and 1 hold r = c / 2 and r + 2 of b = c % 2 */
+    return _mm512_castps512_ps256(
+        _mm512_permutexvar_ps(_mm512_setr_epi32(0, 8, 1, 9, 4, 12, 5, 13, 0, 0, 0, 0, 0, 0, 0, 0), sums));
+}
+
+/* The 4 sums of acc[r][0] in lanes 0..3. */
+AVX512 INLINE __m128 reduce_4x1(__m512 acc[4][4]) {
+    __m512 l2 = quarters(halves(acc[0][0], acc[1][0]), halves(acc[2][0], acc[3][0]));
+    __m512 l3 = pairs(l2, l2);
+    __m512 sums = singles(l3, l3); /* acc[r][0] in lane 4r */
+    return _mm512_castps512_ps128(_mm512_permutexvar_ps(_mm512_setr_epi32(0, 4, 8, 12, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0), sums));
+}
+
+/* Rows 0..nr-1 of batch row b's outputs from the 4 sums in v. */
+AVX512 INLINE void store_column_at(const lp_tile *t, float *y, int b, __m128 v) {
+    float *dst = y + b * t->y_stride;
+    if (t->nr == 4) { /* masked stores are slow on some CPUs */
+        if (t->accumulate) v = _mm_add_ps(_mm_loadu_ps(dst), v);
+        _mm_storeu_ps(dst, v);
+        return;
+    }
+    __mmask8 m = (__mmask8)((1u << t->nr) - 1);
+    if (t->accumulate) v = _mm_add_ps(_mm_maskz_loadu_ps(m, dst), v);
+    _mm_mask_storeu_ps(dst, m, v);
+}
+AVX512 INLINE void store_column(const lp_tile *t, float *y, __m128 v) { store_column_at(t, y, 0, v); }
+
+AVX512 INLINE void store_4xB(const lp_tile *t, float *y, int B, __m512 sums) {
+    for (int b = 0; b < B; b++) store_column_at(t, y, b, _mm512_extractf32x4_ps(sums, b));
 }
 
 /* 4 weight rows x B batch rows (B <= 4): 16 accumulators, each weight
@@ -32,21 +97,27 @@ AVX512 INLINE void store_result(const lp_tile *t, float *y, int r, int b, float 
  *
  * Batch invariance: every output element is computed by exactly one
  * accumulator chain, acc = fma(w[i..i+15], x[i..i+15], acc) over 16-wide
- * steps (the tail masked), then one _mm512_reduce_add_ps, whatever B is,
- * so a row's result does not depend on the batch size or its position in
- * the batch. Four rows give four independent chains even at B = 1, which
+ * steps (the tail masked), then the one reduction tree (reduce_4x4 and
+ * reduce_4x1 add the same lanes in the same order), whatever B is, so a
+ * row's result does not depend on the batch size or its position in the
+ * batch. Four rows give four independent chains even at B = 1, which
  * is plenty for the memory-bound decode case. */
 AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16, bool prefetch) {
     __m512 acc[4][4];
     for (int r = 0; r < 4; r++)
-        for (int b = 0; b < B; b++) acc[r][b] = _mm512_setzero_ps();
+        for (int b = 0; b < 4; b++) acc[r][b] = _mm512_setzero_ps(); /* all 16: the reduction reads them */
     const int64_t n = t->n, xs = t->x_stride, elem = f16 ? 2 : 4;
+    /* the next tile's rows, in locals: read from t in the loop they cost
+     * more than the multiply-adds on short rows */
+    const char *next[4];
+    int n_next = 0;
+    for (int r = 0; prefetch && r < 4; r++)
+        if (t->next_w[r]) next[n_next++] = t->next_w[r];
     int64_t i = 0;
     for (; i + 16 <= n; i += 16) {
         /* one line of each of the next tile's rows per line of these */
-        if (prefetch && ((i * elem) & 63) == 0)
-            for (int r = 0; r < 4; r++)
-                if (t->next_w[r]) _mm_prefetch((const char *)t->next_w[r] + i * elem, _MM_HINT_T1);
+        if (((i * elem) & 63) == 0)
+            for (int r = 0; r < n_next; r++) _mm_prefetch(next[r] + i * elem, _MM_HINT_T1);
         __m512 w[4];
         for (int r = 0; r < 4; r++) w[r] = load_w(t->w[r], i, f16);
         for (int b = 0; b < B; b++) {
@@ -63,8 +134,15 @@ AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, b
             for (int r = 0; r < 4; r++) acc[r][b] = _mm512_fmadd_ps(w[r], xv, acc[r][b]);
         }
     }
-    for (int r = 0; r < t->nr; r++)
-        for (int b = 0; b < B; b++) store_result(t, y, r, b, _mm512_reduce_add_ps(acc[r][b]));
+    if (B == 1) {
+        store_column(t, y, reduce_4x1(acc));
+    } else if (B == 2) {
+        __m256 s = reduce_4x2(acc);
+        store_column_at(t, y, 0, _mm256_castps256_ps128(s));
+        store_column_at(t, y, 1, _mm256_extractf128_ps(s, 1));
+    } else {
+        store_4xB(t, y, B, reduce_4x4(acc));
+    }
 }
 
 AVX512 INLINE void tile_all(const lp_tile *t, bool f16) {
