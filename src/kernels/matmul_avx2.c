@@ -31,15 +31,45 @@ INLINE void store_result(const lp_tile *t, float *y, int r, int b, float s) {
     *dst = t->accumulate ? *dst + s : s;
 }
 
+/* Lane sums of many accumulators at once, by hsum's tree (lane i + lane
+ * i+4, then i + i+2, then i + i+1), so a sum has the same bits whichever of
+ * these reduces it; on short rows one hsum per output costs as much as its
+ * dot product. Level 1 of two vectors: a's halves added in the low half,
+ * b's in the high half. */
+AVX2 INLINE __m256 halves(__m256 a, __m256 b) {
+    return _mm256_add_ps(_mm256_permute2f128_ps(a, b, 0x20), _mm256_permute2f128_ps(a, b, 0x31));
+}
+/* Levels 2 and 3 within each half: lanes 0 + 2 and 1 + 3 (p in lanes 0-1,
+ * q in lanes 2-3), then 0 + 1 (and 2 + 3). */
+AVX2 INLINE __m256 pairs(__m256 p, __m256 q) {
+    return _mm256_add_ps(_mm256_shuffle_ps(p, q, _MM_SHUFFLE(1, 0, 1, 0)), _mm256_shuffle_ps(p, q, _MM_SHUFFLE(3, 2, 3, 2)));
+}
+AVX2 INLINE __m256 singles(__m256 r, __m256 s) {
+    return _mm256_add_ps(_mm256_shuffle_ps(r, s, _MM_SHUFFLE(2, 0, 2, 0)), _mm256_shuffle_ps(r, s, _MM_SHUFFLE(3, 1, 3, 1)));
+}
+
+/* The sums of acc[r][b] (b < B <= 2); lane 4b + r holds acc[r][b]'s. */
+AVX2 INLINE __m256 reduce_4xB(__m256 acc[4][2], int B) {
+    if (B == 2) {
+        __m256 p = pairs(halves(acc[0][0], acc[0][1]), halves(acc[1][0], acc[1][1]));
+        __m256 q = pairs(halves(acc[2][0], acc[2][1]), halves(acc[3][0], acc[3][1]));
+        return singles(p, q);
+    }
+    __m256 l2 = pairs(halves(acc[0][0], acc[1][0]), halves(acc[2][0], acc[3][0]));
+    __m256 sums = singles(l2, l2); /* r = 0, 2 in lanes 0, 1; r = 1, 3 in lanes 4, 5 */
+    return _mm256_permutevar8x32_ps(sums, _mm256_setr_epi32(0, 4, 1, 5, 0, 0, 0, 0));
+}
+
 /* 4 weight rows x B batch rows (B <= 2): 8 accumulators + 4 weight vectors
  * fit in the 16 ymm registers.
  *
  * Batch invariance: each output element is one accumulator chain over
- * 8-wide steps, one hsum, then the scalar tail in order, whatever B is. */
+ * 8-wide steps, one reduction by the same tree (reduce_4xB), then the
+ * scalar tail in order, whatever B is. */
 AVX2 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, bool f16) {
     __m256 acc[4][2];
     for (int r = 0; r < 4; r++)
-        for (int b = 0; b < B; b++) acc[r][b] = _mm256_setzero_ps();
+        for (int b = 0; b < 2; b++) acc[r][b] = _mm256_setzero_ps(); /* all 8: the reduction reads them */
     const int64_t n = t->n, xs = t->x_stride;
     int64_t i = 0;
     for (; i + 8 <= n; i += 8) {
@@ -50,9 +80,21 @@ AVX2 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, boo
             for (int r = 0; r < 4; r++) acc[r][b] = _mm256_fmadd_ps(w[r], xv, acc[r][b]);
         }
     }
+    __m256 sums = reduce_4xB(acc, B);
+    if (i == n && t->nr == 4) {
+        for (int b = 0; b < B; b++) {
+            float *dst = y + b * t->y_stride;
+            __m128 v = b ? _mm256_extractf128_ps(sums, 1) : _mm256_castps256_ps128(sums);
+            if (t->accumulate) v = _mm_add_ps(_mm_loadu_ps(dst), v);
+            _mm_storeu_ps(dst, v);
+        }
+        return;
+    }
+    float s8[8];
+    _mm256_storeu_ps(s8, sums);
     for (int r = 0; r < t->nr; r++)
         for (int b = 0; b < B; b++) {
-            float s = hsum(acc[r][b]);
+            float s = s8[4 * b + r];
             for (int64_t j = i; j < n; j++) s += scalar_w(t->w[r], j, f16) * x[b * xs + j];
             store_result(t, y, r, b, s);
         }
