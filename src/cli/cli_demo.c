@@ -386,9 +386,8 @@ static bool collect_request(void *user, int request, const char *text, size_t le
 }
 
 /* Runs one request to its end on engine e (nothing else in flight). */
-static int answer_engine(demo *d, lp_engine *e, const int32_t *prompt, int n, const lp_adapter *a,
-                         const lp_speculate *sp, engine_answer *out, lp_error *err) {
-    (void)d;
+static int answer_engine(lp_engine *e, const int32_t *prompt, int n, const lp_adapter *a, const lp_speculate *sp,
+                         engine_answer *out, lp_error *err) {
     memset(out, 0, sizeof *out);
     static const char *const stop[] = {"\n"};
     lp_request q = lp_request_default();
@@ -426,11 +425,11 @@ static int answer_engine(demo *d, lp_engine *e, const int32_t *prompt, int n, co
 
 /* The faster of `reps` runs (the demo model is small: one run is a few ms,
  * and a timer tick or another process shows). */
-static int answer_best(demo *d, lp_engine *e, const int32_t *prompt, int n, const lp_adapter *a,
-                       const lp_speculate *sp, int reps, engine_answer *best, lp_error *err) {
+static int answer_best(lp_engine *e, const int32_t *prompt, int n, const lp_adapter *a, const lp_speculate *sp,
+                       int reps, engine_answer *best, lp_error *err) {
     engine_answer r;
     for (int i = 0; i < reps; i++) {
-        if (answer_engine(d, e, prompt, n, a, sp, &r, err)) return -1;
+        if (answer_engine(e, prompt, n, a, sp, &r, err)) return -1;
         if (i == 0 || r.decode_seconds < best->decode_seconds) *best = r;
     }
     return 0;
@@ -482,8 +481,8 @@ static int show_speculate(demo *d, lp_rng *rng, const char *dir) {
             goto done;
         }
         engine_answer plain, spec;
-        if (answer_best(d, e, prompt, n, d->adapter[task], NULL, 3, &plain, &err) ||
-            answer_best(d, e, prompt, n, d->adapter[task], &sp, 3, &spec, &err)) {
+        if (answer_best(e, prompt, n, d->adapter[task], NULL, 3, &plain, &err) ||
+            answer_best(e, prompt, n, d->adapter[task], &sp, 3, &spec, &err)) {
             rc = cli_fail("generate", &err);
             goto done;
         }
