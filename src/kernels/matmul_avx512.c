@@ -89,7 +89,11 @@ AVX512 INLINE void store_column_at(const lp_tile *t, float *y, int b, __m128 v) 
 AVX512 INLINE void store_column(const lp_tile *t, float *y, __m128 v) { store_column_at(t, y, 0, v); }
 
 AVX512 INLINE void store_4xB(const lp_tile *t, float *y, int B, __m512 sums) {
-    for (int b = 0; b < B; b++) store_column_at(t, y, b, _mm512_extractf32x4_ps(sums, b));
+    /* the extract's lane must be an immediate, also in unoptimized builds */
+    store_column_at(t, y, 0, _mm512_extractf32x4_ps(sums, 0));
+    store_column_at(t, y, 1, _mm512_extractf32x4_ps(sums, 1));
+    if (B > 2) store_column_at(t, y, 2, _mm512_extractf32x4_ps(sums, 2));
+    if (B > 3) store_column_at(t, y, 3, _mm512_extractf32x4_ps(sums, 3));
 }
 
 /* 4 weight rows x B batch rows (B <= 4): 16 accumulators, each weight
