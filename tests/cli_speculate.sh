@@ -77,6 +77,21 @@ printf '%s\n' '{"prompt":"Once upon a time"}' '{"prompt":"One day"}' '{"prompt":
 "$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 >"$work/plain" 2>/dev/null
 "$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 --speculate "$work/t.lpf" >"$work/spec" 2>/dev/null
 cmp -s "$work/plain" "$work/spec" && ok || bad "trained forecast: output differs"
+# resume: 5 steps, stop, continue from the checkpoint: the same file as 12
+# steps in one run; a checkpoint of another k is refused
+ta="--base $m --data $work/prompts.jsonl -k 3 --steps 12 --batch 4 --continue 24 --eval 2 -t 1"
+# shellcheck disable=SC2086
+"$bin" train-forecast $ta --checkpoint "$work/f.ckpt" --stop-after 5 -o "$work/part.lpf" 2>"$work/err" \
+  && grep -q "stopped after step 5 of 12" "$work/err" && [ -s "$work/f.ckpt" ] && [ -s "$work/part.lpf" ] \
+  && "$bin" train-forecast $ta --resume "$work/f.ckpt" -o "$work/resumed.lpf" 2>"$work/err" \
+  && grep -q "resumed .* at step 5" "$work/err" && cmp -s "$work/t.lpf" "$work/resumed.lpf" \
+  && ! cmp -s "$work/t.lpf" "$work/part.lpf" && ok || { bad "train-forecast --resume"; cat "$work/err" >&2; }
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 2 --steps 12 --resume "$work/f.ckpt" \
+  -o "$work/x.lpf" 2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "not a forecast checkpoint" "$work/err" && ok || bad "other k's checkpoint: rc=$rc"
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --stop-after 2 -o "$work/x.lpf" 2>"$work/err"
+rc=$?; [ $rc -eq 2 ] && ok || bad "--stop-after without --checkpoint: rc=$rc"
+
 # --max-size: the draft corpus keeps the first outputs that fit the limit
 "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --steps 2 --batch 2 --continue 24 \
   --eval 0 -t 1 --max-size 900 -o "$work/small.lpf" 2>"$work/err" && [ -s "$work/small.lpf" ] \

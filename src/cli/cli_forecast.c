@@ -92,6 +92,12 @@ static void train_forecast_usage(FILE *out) {
             "  --max-size N|P%%    the file's size limit in bytes, or in percent of the adapter\n"
             "                     file: the corpus keeps the first prompts' outputs that fit\n"
             "                     (default 5%% with --adapter, else none; 0: none)\n"
+            "  --checkpoint F     keep the training state in F (every --checkpoint-every N\n"
+            "                     steps, at the end and where --stop-after ends the run)\n"
+            "  --resume F         continue from checkpoint F (same base, adapter, prompts, -k,\n"
+            "                     --steps and --lr: the file an uninterrupted run writes)\n"
+            "  --stop-after N     stop after N steps of this run and write the set trained so\n"
+            "                     far (needs --checkpoint; the schedule still spans --steps)\n"
             "                     (by default the engine drafts n-gram chains from them)\n"
             "  -s, --seed S       (default 1)   -t, --threads N (default: all cores)\n");
 }
@@ -165,7 +171,8 @@ int cli_train_forecast(int argc, char **argv) {
     long k = 4, seed = 1, steps = 200, batch = 8, anchors = 8, cont = 48, eval = -1, threads = 0;
     double lr = 0.02;
     bool no_corpus = false;
-    const char *max_size = NULL;
+    const char *max_size = NULL, *checkpoint = NULL, *resume = NULL;
+    long ckpt_every = 0, stop_after = 0;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
@@ -183,6 +190,10 @@ int cli_train_forecast(int argc, char **argv) {
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) out_path = v;
         else if (!strcmp(a, "--tree")) tree = v;
         else if (!strcmp(a, "--max-size")) max_size = v;
+        else if (!strcmp(a, "--checkpoint")) checkpoint = v;
+        else if (!strcmp(a, "--resume")) resume = v;
+        else if (!strcmp(a, "--checkpoint-every")) { if (!cli_int(a, v, 1, 1000000, &ckpt_every)) return 2; }
+        else if (!strcmp(a, "--stop-after")) { if (!cli_int(a, v, 1, 1000000, &stop_after)) return 2; }
         else if (!strcmp(a, "-k")) { if (!cli_int(a, v, 1, LP_SPEC_MAX_DEPTH, &k)) return 2; }
         else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
         else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000000, &steps)) return 2; }
@@ -199,6 +210,10 @@ int cli_train_forecast(int argc, char **argv) {
     }
     if (!base_path || !data || !out_path) {
         train_forecast_usage(stderr);
+        return 2;
+    }
+    if ((stop_after || ckpt_every) && !checkpoint) {
+        fprintf(stderr, "loraplex train-forecast: --stop-after and --checkpoint-every need --checkpoint\n");
         return 2;
     }
     lp_speculate eval_tree = lp_speculate_default();
@@ -268,6 +283,7 @@ int cli_train_forecast(int argc, char **argv) {
         .n_prompts = n, .n_eval = (int)eval, .k = (int)k, .n_continue = (int)cont, .steps = (int)steps,
         .batch = (int)batch, .anchors = (int)anchors, .lr = (float)lr, .seed = (uint64_t)seed,
         .threads = (int)threads, .eval_tree = eval_tree, .no_corpus = no_corpus, .max_bytes = (size_t)size_limit,
+        .checkpoint = checkpoint, .checkpoint_every = (int)ckpt_every, .resume = resume, .stop_after = (int)stop_after,
     };
     fprintf(stderr, "train-forecast: %d prompts (%ld held out), k %ld, %ld steps of %ld x %ld groups, seed %ld\n", n,
             eval, k, steps, batch, anchors, seed);
@@ -276,9 +292,16 @@ int cli_train_forecast(int argc, char **argv) {
     if (!f || lp_forecast_save(f, out_path, &err)) {
         rc = cli_fail(out_path, &err);
     } else {
-        fprintf(stderr, "train-forecast: %d teacher tokens; loss %.4f -> %.4f; ", rep.n_teacher_tokens,
-                rep.first_loss, rep.last_loss);
-        if (eval > 0 && rep.n_corpus)
+        fprintf(stderr, "train-forecast: %d teacher tokens; ", rep.n_teacher_tokens);
+        if (rep.resumed_step) fprintf(stderr, "resumed %s at step %d; ", resume, rep.resumed_step);
+        if (rep.stopped_at)
+            fprintf(stderr, "stopped after step %d of %ld (--resume %s continues); ", rep.stopped_at, steps,
+                    checkpoint);
+        fprintf(stderr, "loss %.4f -> %.4f; ", rep.first_loss, rep.last_loss);
+        if (rep.resumed_step && eval > 0)
+            fprintf(stderr, "held-out tokens per pass %.3f (trained) -> %.3f (with the corpus); ",
+                    rep.eval_tokens_per_pass_embeddings, rep.eval_tokens_per_pass_after);
+        else if (eval > 0 && rep.n_corpus)
             fprintf(stderr, "held-out tokens per pass %.3f (initial) -> %.3f (trained) -> %.3f (with the %d-token "
                     "draft corpus); ", rep.eval_tokens_per_pass_before, rep.eval_tokens_per_pass_embeddings,
                     rep.eval_tokens_per_pass_after, rep.n_corpus);

@@ -96,6 +96,14 @@ static int attach_corpus(lp_forecast *f, const lp_model *base, const teacher *tc
     return rc;
 }
 
+/* Whether a checkpoint's model has the shape this run's base (and adapter)
+ * and k give it. */
+static bool same_shape(const lp_train_config *a, const lp_train_config *b) {
+    return a->n_vocab == b->n_vocab && a->dim == b->dim && a->n_layers == b->n_layers && a->n_heads == b->n_heads &&
+           a->n_kv_heads == b->n_kv_heads && a->head_dim == b->head_dim && a->ffn_dim == b->ffn_dim &&
+           a->n_extra == b->n_extra && a->lora_rank == b->lora_rank && a->lora_targets == b->lora_targets;
+}
+
 /* Mean tokens per pass of speculative decoding over the held-out prompts. */
 static double eval_acceptance(lp_context *ctx, const lp_forecast_train_params *p, const lp_forecast *f,
                               lp_error *err) {
@@ -165,21 +173,42 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
     if (lp_train_config_from_model(p.base, &c, err) < 0) goto done;
     c.n_extra = p.k;
     if (p.adapter && lp_train_config_from_adapter(p.adapter, &c, err) < 0) goto done;
-    m = lp_train_model_create(&c, LP_TRAIN_EXTRA, err);
-    if (!m || lp_train_model_load_base(m, p.base, err) < 0) goto done;
-    lp_train_model_init(m, LP_TRAIN_EXTRA, p.seed);
-    if (p.adapter && lp_train_lora_from_adapter(m, p.adapter, err) < 0) goto done;
-    int T = max_n + p.anchors * p.k, B = p.batch;
-    pool = lp_threadpool_create(p.threads, err);
-    if (!pool || lp_train_model_reserve(m, B, T, err) < 0) goto done;
-    lp_train_model_set_pool(m, pool);
     lp_adamw_config ac = lp_adamw_default();
     ac.lr = p.lr;
     ac.min_lr = p.lr * 0.1f;
     ac.warmup = p.steps / 10 + 1;
     ac.total_steps = p.steps;
     ac.weight_decay = 0;
-    if (lp_adamw_init(&opt, m, &ac, err) < 0) goto done;
+    lp_rng rng;
+    lp_rng_seed(&rng, p.seed ^ 0x5eed5eedull);
+    if (p.resume) {
+        /* the embeddings, optimizer, RNG and step from the checkpoint; the
+         * frozen base and LoRA from the files given, as for a fresh run */
+        if (lp_checkpoint_load(p.resume, &m, &opt, &rng, err) < 0) goto done;
+        if (!same_shape(&m->cfg, &c) || m->trainable != LP_TRAIN_EXTRA) {
+            lp_error_set(err, LP_ERR_FORMAT, "%s: not a forecast checkpoint for this base%s and k %d", p.resume,
+                         p.adapter ? " and adapter" : "", p.k);
+            goto done;
+        }
+        if (opt.cfg.lr != ac.lr || opt.cfg.min_lr != ac.min_lr || opt.cfg.warmup != ac.warmup ||
+            opt.cfg.total_steps != ac.total_steps || opt.step > p.steps) {
+            lp_error_set(err, LP_ERR_INVALID, "%s: made with other --steps or --lr (or past step %d)", p.resume,
+                         p.steps);
+            goto done;
+        }
+        rep.resumed_step = (int)opt.step;
+        if (lp_train_model_load_base(m, p.base, err) < 0) goto done;
+    } else {
+        m = lp_train_model_create(&c, LP_TRAIN_EXTRA, err);
+        if (!m || lp_train_model_load_base(m, p.base, err) < 0) goto done;
+        lp_train_model_init(m, LP_TRAIN_EXTRA, p.seed);
+        if (lp_adamw_init(&opt, m, &ac, err) < 0) goto done;
+    }
+    if (p.adapter && lp_train_lora_from_adapter(m, p.adapter, err) < 0) goto done;
+    int T = max_n + p.anchors * p.k, B = p.batch;
+    pool = lp_threadpool_create(p.threads, err);
+    if (!pool || lp_train_model_reserve(m, B, T, err) < 0) goto done;
+    lp_train_model_set_pool(m, pool);
     size_t BT = (size_t)B * (size_t)T;
     inputs = malloc(BT * sizeof *inputs);
     targets = malloc(BT * sizeof *targets);
@@ -191,7 +220,7 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
         goto done;
     }
     /* acceptance before training (the random init) */
-    if (p.n_eval > 0) {
+    if (p.n_eval > 0 && !p.resume) {
         probe = lp_forecast_create(p.base, p.k, m->w.extra, NULL, err);
         if (!probe) goto done;
         rep.eval_tokens_per_pass_before = eval_acceptance(ctx, &p, probe, err);
@@ -199,10 +228,8 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
         probe = NULL;
         if (rep.eval_tokens_per_pass_before < 0) goto done;
     }
-    lp_rng rng;
-    lp_rng_seed(&rng, p.seed ^ 0x5eed5eedull);
     /* 3. steps */
-    for (int step = 0; step < p.steps; step++) {
+    for (int step = (int)opt.step; step < p.steps; step++) {
         memset(inputs, 0, BT * sizeof *inputs);
         memset(targets, 0, BT * sizeof *targets);
         memset(mask, 0, BT * sizeof *mask);
@@ -245,11 +272,20 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
         lp_train_zero_grad(m);
         lp_train_backward(m, &batch);
         lp_adamw_step(&opt, m);
-        if (step == 0) rep.first_loss = loss;
+        if (step == rep.resumed_step) rep.first_loss = loss;
         rep.last_loss = loss;
         if (!p.quiet && (step % 10 == 0 || step == p.steps - 1))
             fprintf(stderr, "train-forecast: step %d/%d  loss %.4f  lr %.4g  %.1f s\n", step + 1, p.steps, loss,
                     (double)lp_train_lr(&opt.cfg, step), lp_now_seconds() - t0);
+        bool stop = p.stop_after > 0 && step + 1 - rep.resumed_step >= p.stop_after && step + 1 < p.steps;
+        if (p.checkpoint && ((p.checkpoint_every > 0 && (step + 1) % p.checkpoint_every == 0) ||
+                             step + 1 == p.steps || stop) &&
+            lp_checkpoint_save(p.checkpoint, m, &opt, &rng, err) < 0)
+            goto done;
+        if (stop) {
+            rep.stopped_at = step + 1;
+            break;
+        }
     }
     out = lp_forecast_create(p.base, p.k, m->w.extra, p.adapter ? lp_adapter_name(p.adapter) : NULL, err);
     if (out && p.n_eval > 0) {

@@ -37,6 +37,15 @@ typedef struct lp_forecast_train_params {
                                         draft corpus (lp_forecast_set_corpus) */
     size_t max_bytes;                /* the file's size limit: the corpus keeps the first
                                         prompts' outputs that fit (0: no limit) */
+    const char *checkpoint;          /* written every checkpoint_every steps (0: only at
+                                        the end) and where the run stops (NULL: none) */
+    int checkpoint_every;
+    const char *resume;              /* a checkpoint to continue from (NULL: a fresh
+                                        start): the same base, adapter, k, steps and lr
+                                        give the file an uninterrupted run gives */
+    int stop_after;                  /* > 0: stop after this many steps of this run (the
+                                        schedule still spans `steps`); the set returned
+                                        is the one trained so far */
 } lp_forecast_train_params;
 
 typedef struct lp_forecast_train_report {
@@ -45,6 +54,8 @@ typedef struct lp_forecast_train_report {
     double eval_tokens_per_pass_embeddings; /* trained, without the corpus (with one: else = after) */
     int n_corpus;                    /* tokens of the draft corpus attached */
     int corpus_sequences, corpus_dropped; /* teacher outputs in it / left out by max_bytes */
+    int resumed_step;                /* the step the run continued from (0: a fresh start) */
+    int stopped_at;                  /* the step stop_after ended it at (0: it ran to the end) */
     int n_teacher_tokens;
     double seconds;
 } lp_forecast_train_report;
