@@ -89,6 +89,7 @@ static void train_forecast_usage(FILE *out) {
             "                     and after (default: a tenth, at least 1 when there are 2+)\n"
             "  --tree B1,B2,...   the tree that evaluation uses (default: a chain of K)\n"
             "  --no-corpus        don't keep the teacher outputs in the file as its draft corpus\n"
+            "                     (by default the engine drafts n-gram chains from them)\n"
             "  --max-size N|P%%    the file's size limit in bytes, or in percent of the adapter\n"
             "                     file: the corpus keeps the first prompts' outputs that fit\n"
             "                     (default 5%% with --adapter, else none; 0: none)\n"
@@ -98,7 +99,6 @@ static void train_forecast_usage(FILE *out) {
             "                     --steps and --lr: the file an uninterrupted run writes)\n"
             "  --stop-after N     stop after N steps of this run and write the set trained so\n"
             "                     far (needs --checkpoint; the schedule still spans --steps)\n"
-            "                     (by default the engine drafts n-gram chains from them)\n"
             "  -s, --seed S       (default 1)   -t, --threads N (default: all cores)\n");
 }
 
@@ -257,8 +257,8 @@ int cli_train_forecast(int argc, char **argv) {
             rc = cli_fail(adapter_spec, &err);
             goto out;
         }
-        struct stat st;
         if (percent) {
+            struct stat st;
             if (stat(spec, &st) != 0) {
                 fprintf(stderr, "loraplex train-forecast: %s: cannot read its size for --max-size\n", spec);
                 goto out;

@@ -86,7 +86,6 @@ AVX512 INLINE void store_column_at(const lp_tile *t, float *y, int b, __m128 v) 
     if (t->accumulate) v = _mm_add_ps(_mm_maskz_loadu_ps(m, dst), v);
     _mm_mask_storeu_ps(dst, m, v);
 }
-AVX512 INLINE void store_column(const lp_tile *t, float *y, __m128 v) { store_column_at(t, y, 0, v); }
 
 AVX512 INLINE void store_4xB(const lp_tile *t, float *y, int B, __m512 sums) {
     /* the extract's lane must be an immediate, also in unoptimized builds */
@@ -139,7 +138,7 @@ AVX512 INLINE void tile_4xB(const lp_tile *t, const float *x, float *y, int B, b
         }
     }
     if (B == 1) {
-        store_column(t, y, reduce_4x1(acc));
+        store_column_at(t, y, 0, reduce_4x1(acc));
     } else if (B == 2) {
         __m256 s = reduce_4x2(acc);
         store_column_at(t, y, 0, _mm256_castps256_ps128(s));

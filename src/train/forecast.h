@@ -53,7 +53,8 @@ typedef struct lp_forecast_train_report {
     double eval_tokens_per_pass_before, eval_tokens_per_pass_after;
     double eval_tokens_per_pass_embeddings; /* trained, without the corpus (with one: else = after) */
     int n_corpus;                    /* tokens of the draft corpus attached */
-    int corpus_sequences, corpus_dropped; /* teacher outputs in it / left out by max_bytes */
+    int corpus_sequences, corpus_dropped; /* teacher outputs in it / left out (max_bytes,
+                                        or LP_LPF_MAX_CORPUS) */
     int resumed_step;                /* the step the run continued from (0: a fresh start) */
     int stopped_at;                  /* the step stop_after ended it at (0: it ran to the end) */
     int n_teacher_tokens;
