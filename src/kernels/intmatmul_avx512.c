@@ -10,13 +10,14 @@
  * acc = fma(float(isum), dw * dx, acc) per lane, as in the reference.
  *
  * Register tiles: NP panels x B batch rows of int32 and float accumulators.
- * 1-4-row decode (one stream, small trees) uses 4 panels (independent
- * dpbusd chains, software prefetch: four streams keep more bytes in
- * flight than one); 5-16 rows (decode streams, speculative trees) one panel x
- * blocks of up to 8 rows (rows_tile: each chunk unpacked once for all of
- * them, activations group-major so one pointer reaches every row);
- * prefill uses 1 panel x 8 batch rows so each unpacked chunk feeds 16
- * dpbusd. Every tile shape computes an output
+ * 1-row decode uses 4 panels (independent dpbusd chains, software
+ * prefetch: four streams keep more bytes in flight than one); 2-16 rows
+ * (speculative trees, decode streams) one panel x blocks of up to 8 rows
+ * (rows_tile: each chunk unpacked once for all of them, activations
+ * group-major so one pointer reaches every row, broadcast by vpdpbusd
+ * itself); prefill uses 1 panel x 8 batch rows so each unpacked chunk
+ * feeds 16 dpbusd. Without the group-major copy (a scratch too small for
+ * it) 2-9 rows fall back to the 4-panel tiles. Every tile shape computes an output
  * element with the same operations, so results do not depend on the
  * batch size (batch invariance). */
 #include "kernels_internal.h"

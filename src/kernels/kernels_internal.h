@@ -118,11 +118,12 @@ typedef struct lp_qact {
     float *dg;
     int32_t *cg;
 } lp_qact;
-/* The batch rows lp_qact.qg is laid out for. Fewer rows run the VNNI
- * kernel's 4-panel decode tiles, whose four prefetched streams beat one
- * panel's while the rows' arithmetic is small (docs/benchmarks.md
- * section 22). */
-#define LP_FEW_ROWS_MIN 5
+/* The batch rows lp_qact.qg is laid out for: every batch of more than one
+ * row. One row runs the VNNI kernel's 4-panel decode tiles, whose four
+ * prefetched streams keep the most bytes in flight; from 2 rows on the
+ * arithmetic counts too, and the few-row tiles do it in about half the
+ * instructions of the 4-panel ones (docs/benchmarks.md section 25). */
+#define LP_FEW_ROWS_MIN 2
 #define LP_FEW_ROWS_MAX 16
 
 /* One integer GEMM job: panels [p0, p1) of a packed matrix against batch
