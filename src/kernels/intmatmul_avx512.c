@@ -12,14 +12,14 @@
  * Register tiles: NP panels x B batch rows of int32 and float accumulators.
  * 1-row decode uses 4 panels (independent dpbusd chains, software
  * prefetch: four streams keep more bytes in flight than one); 2-16 rows
- * (speculative trees, decode streams) one panel x blocks of up to 8 rows
- * (rows_tile: each chunk unpacked once for all of them, activations
- * group-major so one pointer reaches every row, broadcast by vpdpbusd
- * itself); prefill uses 1 panel x 8 batch rows so each unpacked chunk
- * feeds 16 dpbusd. Without the group-major copy (a scratch too small for
- * it) 2-9 rows fall back to the 4-panel tiles. Every tile shape computes an output
- * element with the same operations, so results do not depend on the
- * batch size (batch invariance). */
+ * (speculative trees, decode streams) take rows_tile: 2 panels x 2-4
+ * rows, or one panel x blocks of up to 8 rows (each chunk unpacked once
+ * for all of them, activations group-major so one pointer reaches every
+ * row, broadcast by vpdpbusd itself); prefill uses 1 panel x 8 batch rows
+ * so each unpacked chunk feeds 16 dpbusd. Without the group-major copy (a
+ * scratch too small for it) 2-9 rows fall back to the 4-panel tiles.
+ * Every tile shape computes an output element with the same operations,
+ * so results do not depend on the batch size (batch invariance). */
 #include "kernels_internal.h"
 
 #if defined(__x86_64__)
@@ -184,7 +184,8 @@ VNNI INLINE __m512i dpbusd_x4(__m512i acc, __m512i w, const int8_t *x) {
 #endif
 }
 
-/* Few-row tile: panel p x RB batch rows b0.. (RB <= MAX_RB), every
+/* Few-row tile: NP panels from p (1, or 2 for RB <= 4) x RB batch rows
+ * b0.. (RB <= MAX_RB), every
  * group's int32 sums in registers (two vpdpbusd chains per row: low and
  * high nibbles, or W8's even and odd chunks, 4 long at group 32, so that
  * about two groups' chains in flight cover the instruction's latency;
@@ -199,81 +200,112 @@ VNNI INLINE __m512i dpbusd_x4(__m512i acc, __m512i w, const int8_t *x) {
  * how many bytes ahead to prefetch the stream, or 0 (a panel's later
  * blocks of rows find it in L1/L2). Same operations per output as tile() and the
  * reference, so the same bits. */
-VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int RB, int G_const, size_t pf) {
+VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, int64_t b0, int RB, int G_const,
+                           size_t pf) {
     const lp_packed_geom *ge = &g->geom;
     const lp_qact *a = g->a;
     const int G = G_const ? G_const : ge->group;
     const int64_t groups = ge->groups, nb = a->rows;
     const size_t cb = ge->code_bytes;
-    const uint8_t *panel = g->w + (size_t)p * ge->panel_bytes;
-    const uint8_t *codes = panel + ge->codes_offset;
-    __m512 accf[MAX_RB];
-    for (int r = 0; r < RB; r++) accf[r] = _mm512_setzero_ps();
+    const uint8_t *panel[2], *codes[2];
+    for (int i = 0; i < NP; i++) {
+        panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
+        codes[i] = panel[i] + ge->codes_offset;
+    }
+    __m512 accf[2][MAX_RB];
+    for (int i = 0; i < NP; i++)
+        for (int r = 0; r < RB; r++) accf[i][r] = _mm512_setzero_ps();
     for (int64_t gi = 0; gi < groups; gi++) {
-        if (pf) prefetch_ahead_by(g, panel, p, 1, gi, pf);
+        if (pf)
+            for (int i = 0; i < NP; i++) prefetch_ahead_by(g, panel[i], p + i, NP, gi, pf);
         const int8_t *xg = a->qg + (gi * nb + b0) * G;
         const float *dg = a->dg + gi * nb + b0;
         const int32_t *cg = a->cg + gi * nb + b0;
-        const uint8_t *c = codes + (size_t)gi * cb;
-        __m512i acc[MAX_RB], acc2[MAX_RB];
-        for (int r = 0; r < RB; r++) {
-            acc[r] = _mm512_set1_epi32(cg[r]);
-            acc2[r] = _mm512_setzero_si512();
-        }
-        if (type != LP_W8) {
-            for (int k = 0; k < G / 8; k++) {
-                __m512i lo, hi;
-                lp_unpack_nibbles512(type, false, _mm512_loadu_si512(c + 64 * (size_t)k), &lo, &hi);
-                for (int r = 0; r < RB; r++) {
-                    acc[r] = dpbusd_x4(acc[r], lo, xg + r * G + 8 * k);
-                    acc2[r] = dpbusd_x4(acc2[r], hi, xg + r * G + 8 * k + 4);
+        __m512i acc[2][MAX_RB], acc2[2][MAX_RB];
+        for (int i = 0; i < NP; i++)
+            for (int r = 0; r < RB; r++) {
+                acc[i][r] = _mm512_set1_epi32(cg[r]);
+                acc2[i][r] = _mm512_setzero_si512();
+            }
+        for (int i = 0; i < NP; i++) {
+            const uint8_t *c = codes[i] + (size_t)gi * cb;
+            if (type != LP_W8) {
+                for (int k = 0; k < G / 8; k++) {
+                    __m512i lo, hi;
+                    lp_unpack_nibbles512(type, false, _mm512_loadu_si512(c + 64 * (size_t)k), &lo, &hi);
+                    for (int r = 0; r < RB; r++) {
+                        acc[i][r] = dpbusd_x4(acc[i][r], lo, xg + r * G + 8 * k);
+                        acc2[i][r] = dpbusd_x4(acc2[i][r], hi, xg + r * G + 8 * k + 4);
+                    }
+                }
+            } else {
+                for (int k = 0; k < G / 4; k += 2) {
+                    __m512i w0 = _mm512_loadu_si512(c + 64 * (size_t)k), w1 = _mm512_loadu_si512(c + 64 * (size_t)k + 64);
+                    for (int r = 0; r < RB; r++) {
+                        acc[i][r] = dpbusd_x4(acc[i][r], w0, xg + r * G + 4 * k);
+                        acc2[i][r] = dpbusd_x4(acc2[i][r], w1, xg + r * G + 4 * k + 4);
+                    }
                 }
             }
-        } else {
-            for (int k = 0; k < G / 4; k += 2) {
-                __m512i w0 = _mm512_loadu_si512(c + 64 * (size_t)k), w1 = _mm512_loadu_si512(c + 64 * (size_t)k + 64);
-                for (int r = 0; r < RB; r++) {
-                    acc[r] = dpbusd_x4(acc[r], w0, xg + r * G + 4 * k);
-                    acc2[r] = dpbusd_x4(acc2[r], w1, xg + r * G + 4 * k + 4);
-                }
-            }
         }
-        __m512 dw = lp_panel_scales512(type, ge, panel, gi);
-        for (int r = 0; r < RB; r++)
-            accf[r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[r], acc2[r])),
-                                      _mm512_mul_ps(dw, _mm512_set1_ps(dg[r])), accf[r]);
+        for (int i = 0; i < NP; i++) {
+            __m512 dw = lp_panel_scales512(type, ge, panel[i], gi);
+            for (int r = 0; r < RB; r++)
+                accf[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][r], acc2[i][r])),
+                                             _mm512_mul_ps(dw, _mm512_set1_ps(dg[r])), accf[i][r]);
+        }
     }
-    for (int r = 0; r < RB; r++) store_rows(g, p, b0 + r, accf[r]);
+    for (int i = 0; i < NP; i++)
+        for (int r = 0; r < RB; r++) store_rows(g, p + i, b0 + r, accf[i][r]);
 }
 
 /* rows_tile with RB a constant (1 <= rb <= MAX_RB). */
 VNNI INLINE void rows_tile_rb(const lp_igemm *g, uint32_t type, int64_t p, int64_t b0, int rb, int G, size_t pf) {
     switch (rb) {
-    case 1: rows_tile(g, type, p, b0, 1, G, pf); break;
-    case 2: rows_tile(g, type, p, b0, 2, G, pf); break;
-    case 3: rows_tile(g, type, p, b0, 3, G, pf); break;
-    case 4: rows_tile(g, type, p, b0, 4, G, pf); break;
-    case 5: rows_tile(g, type, p, b0, 5, G, pf); break;
-    case 6: rows_tile(g, type, p, b0, 6, G, pf); break;
+    case 1: rows_tile(g, type, p, 1, b0, 1, G, pf); break;
+    case 2: rows_tile(g, type, p, 1, b0, 2, G, pf); break;
+    case 3: rows_tile(g, type, p, 1, b0, 3, G, pf); break;
+    case 4: rows_tile(g, type, p, 1, b0, 4, G, pf); break;
+    case 5: rows_tile(g, type, p, 1, b0, 5, G, pf); break;
+    case 6: rows_tile(g, type, p, 1, b0, 6, G, pf); break;
 #if MAX_RB >= 7
-    case 7: rows_tile(g, type, p, b0, 7, G, pf); break;
+    case 7: rows_tile(g, type, p, 1, b0, 7, G, pf); break;
 #endif
 #if MAX_RB >= 8
-    case 8: rows_tile(g, type, p, b0, 8, G, pf); break;
+    case 8: rows_tile(g, type, p, 1, b0, 8, G, pf); break;
 #endif
     default: break;
     }
 }
 
-/* LP_FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (decode streams, speculative
- * trees): the rows in as few blocks of up to MAX_RB as hold them, as even
- * as they go, over each panel in turn. Later blocks read the panel the
- * first just brought into L1/L2. */
+/* 2-4 rows over panels p, p+1: both panels' streams prefetched as the
+ * 1-row tiles do theirs (two streams keep more bytes in flight than one;
+ * at up to 4 rows the registers hold both panels' sums). */
+VNNI INLINE void rows_tile_pair(const lp_igemm *g, uint32_t type, int64_t p, int rb, int G) {
+    switch (rb) {
+    case 2: rows_tile(g, type, p, 2, 0, 2, G, PREFETCH_BYTES); break;
+    case 3: rows_tile(g, type, p, 2, 0, 3, G, PREFETCH_BYTES); break;
+    case 4: rows_tile(g, type, p, 2, 0, 4, G, PREFETCH_BYTES); break;
+    default: break;
+    }
+}
+
+/* LP_FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (speculative trees, decode
+ * streams): up to 4 rows in one block over pairs of panels; more in as few
+ * blocks of up to MAX_RB as hold them, as even as they go, over each panel
+ * in turn, where later blocks read the panel the first just brought into
+ * L1/L2. */
 VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
     const int64_t nb = g->nb;
     const int64_t nblocks = (nb + MAX_RB - 1) / MAX_RB;
     int64_t start[LP_FEW_ROWS_MAX + 1];
     for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
+    if (nb <= 4) {
+        int64_t p = g->p0;
+        for (; p + 2 <= g->p1; p += 2) rows_tile_pair(g, type, p, (int)nb, G);
+        if (p < g->p1) rows_tile_rb(g, type, p, 0, (int)nb, G, FEW_PREFETCH_BYTES);
+        return;
+    }
     for (int64_t p = g->p0; p < g->p1; p++)
         for (int64_t j = 0; j < nblocks; j++)
             rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES : 0);
