@@ -12,7 +12,7 @@
  * Register tiles: NP panels x B batch rows of int32 and float accumulators.
  * 1-row decode uses 4 panels (independent dpbusd chains, software
  * prefetch: four streams keep more bytes in flight than one); 2-16 rows
- * (speculative trees, decode streams) take rows_tile: 2 panels x 2-4
+ * (speculative trees, decode streams) take rows_tile: 2 panels x 2-6
  * rows, or one panel x blocks of up to 8 rows (each chunk unpacked once
  * for all of them, activations group-major so one pointer reaches every
  * row, broadcast by vpdpbusd itself); prefill uses 1 panel x 8 batch rows
@@ -57,6 +57,9 @@
  * DRAM (65536 x 2048 W4C, one thread): 8 rows 2.0-2.2x one row with 4 or
  * 8 KiB, 2.2-2.3x with 2 KiB. */
 #define FEW_PREFETCH_BYTES 4096
+/* Up to this many rows take rows_tile over pairs of panels: 2 x 6 rows of
+ * int32 and float sums are 24 of the 32 registers. */
+#define PAIR_ROWS_MAX 6
 
 static inline int32_t load4(const int8_t *p) {
     int32_t v;
@@ -184,12 +187,14 @@ VNNI INLINE __m512i dpbusd_x4(__m512i acc, __m512i w, const int8_t *x) {
 #endif
 }
 
-/* Few-row tile: NP panels from p (1, or 2 for RB <= 4) x RB batch rows
- * b0.. (RB <= MAX_RB), every
- * group's int32 sums in registers (two vpdpbusd chains per row: low and
- * high nibbles, or W8's even and odd chunks, 4 long at group 32, so that
- * about two groups' chains in flight cover the instruction's latency;
- * their sum is the same exact integer) and the float accumulators too.
+/* Few-row tile: NP panels from p (1, or 2 for RB <= PAIR_ROWS_MAX) x RB
+ * batch rows b0.. (RB <= MAX_RB), every group's int32 sums in registers
+ * and the float accumulators too. Up to 8 (panel, row) pairs, each sums
+ * in two vpdpbusd chains (low and high nibbles, or W8's even and odd
+ * chunks, 4 long at group 32) so that about two groups' chains in flight
+ * cover the instruction's latency; more pairs are enough chains by
+ * themselves and need the registers, so one chain each. Either way the
+ * sum is the same exact integer.
  * Each 64-byte chunk of codes is loaded and unpacked once for all RB rows;
  * the activation bytes of a group come from the group-major copy
  * (lp_qact.qg), one pointer for every row; the scale products take dx as
@@ -207,6 +212,7 @@ VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, 
     const int G = G_const ? G_const : ge->group;
     const int64_t groups = ge->groups, nb = a->rows;
     const size_t cb = ge->code_bytes;
+    const bool one_chain = NP * RB > 8;
     const uint8_t *panel[2], *codes[2];
     for (int i = 0; i < NP; i++) {
         panel[i] = g->w + (size_t)(p + i) * ge->panel_bytes;
@@ -235,7 +241,8 @@ VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, 
                     lp_unpack_nibbles512(type, false, _mm512_loadu_si512(c + 64 * (size_t)k), &lo, &hi);
                     for (int r = 0; r < RB; r++) {
                         acc[i][r] = dpbusd_x4(acc[i][r], lo, xg + r * G + 8 * k);
-                        acc2[i][r] = dpbusd_x4(acc2[i][r], hi, xg + r * G + 8 * k + 4);
+                        if (one_chain) acc[i][r] = dpbusd_x4(acc[i][r], hi, xg + r * G + 8 * k + 4);
+                        else acc2[i][r] = dpbusd_x4(acc2[i][r], hi, xg + r * G + 8 * k + 4);
                     }
                 }
             } else {
@@ -243,7 +250,8 @@ VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, 
                     __m512i w0 = _mm512_loadu_si512(c + 64 * (size_t)k), w1 = _mm512_loadu_si512(c + 64 * (size_t)k + 64);
                     for (int r = 0; r < RB; r++) {
                         acc[i][r] = dpbusd_x4(acc[i][r], w0, xg + r * G + 4 * k);
-                        acc2[i][r] = dpbusd_x4(acc2[i][r], w1, xg + r * G + 4 * k + 4);
+                        if (one_chain) acc[i][r] = dpbusd_x4(acc[i][r], w1, xg + r * G + 4 * k + 4);
+                        else acc2[i][r] = dpbusd_x4(acc2[i][r], w1, xg + r * G + 4 * k + 4);
                     }
                 }
             }
@@ -251,7 +259,7 @@ VNNI INLINE void rows_tile(const lp_igemm *g, uint32_t type, int64_t p, int NP, 
         for (int i = 0; i < NP; i++) {
             __m512 dw = lp_panel_scales512(type, ge, panel[i], gi);
             for (int r = 0; r < RB; r++)
-                accf[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_add_epi32(acc[i][r], acc2[i][r])),
+                accf[i][r] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(one_chain ? acc[i][r] : _mm512_add_epi32(acc[i][r], acc2[i][r])),
                                              _mm512_mul_ps(dw, _mm512_set1_ps(dg[r])), accf[i][r]);
         }
     }
@@ -278,20 +286,23 @@ VNNI INLINE void rows_tile_rb(const lp_igemm *g, uint32_t type, int64_t p, int64
     }
 }
 
-/* 2-4 rows over panels p, p+1: both panels' streams prefetched as the
- * 1-row tiles do theirs (two streams keep more bytes in flight than one;
- * at up to 4 rows the registers hold both panels' sums). */
+/* 2-PAIR_ROWS_MAX rows over panels p, p+1, both panels' streams
+ * prefetched as the 1-row tiles do theirs: two streams keep more bytes in
+ * flight than one. */
 VNNI INLINE void rows_tile_pair(const lp_igemm *g, uint32_t type, int64_t p, int rb, int G) {
     switch (rb) {
     case 2: rows_tile(g, type, p, 2, 0, 2, G, PREFETCH_BYTES); break;
     case 3: rows_tile(g, type, p, 2, 0, 3, G, PREFETCH_BYTES); break;
     case 4: rows_tile(g, type, p, 2, 0, 4, G, PREFETCH_BYTES); break;
+    case 5: rows_tile(g, type, p, 2, 0, 5, G, PREFETCH_BYTES); break;
+    case 6: rows_tile(g, type, p, 2, 0, 6, G, PREFETCH_BYTES); break;
     default: break;
     }
 }
 
 /* LP_FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (speculative trees, decode
- * streams): up to 4 rows in one block over pairs of panels; more in as few
+ * streams): up to PAIR_ROWS_MAX rows in one block over pairs of panels;
+ * more in as few
  * blocks of up to MAX_RB as hold them, as even as they go, over each panel
  * in turn, where later blocks read the panel the first just brought into
  * L1/L2. */
@@ -300,7 +311,7 @@ VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
     const int64_t nblocks = (nb + MAX_RB - 1) / MAX_RB;
     int64_t start[LP_FEW_ROWS_MAX + 1];
     for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
-    if (nb <= 4) {
+    if (nb <= PAIR_ROWS_MAX) {
         int64_t p = g->p0;
         for (; p + 2 <= g->p1; p += 2) rows_tile_pair(g, type, p, (int)nb, G);
         if (p < g->p1) rows_tile_rb(g, type, p, 0, (int)nb, G, FEW_PREFETCH_BYTES);
