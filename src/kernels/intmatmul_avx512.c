@@ -302,21 +302,20 @@ VNNI INLINE void rows_tile_pair(const lp_igemm *g, uint32_t type, int64_t p, int
 
 /* LP_FEW_ROWS_MIN..FEW_ROWS_MAX batch rows (speculative trees, decode
  * streams): up to PAIR_ROWS_MAX rows in one block over pairs of panels;
- * more in as few
- * blocks of up to MAX_RB as hold them, as even as they go, over each panel
- * in turn, where later blocks read the panel the first just brought into
- * L1/L2. */
+ * more in as few blocks of up to MAX_RB as hold them, as even as they go,
+ * over each panel in turn, where later blocks read the panel the first
+ * just brought into L1/L2. */
 VNNI INLINE void few_rows_tiles(const lp_igemm *g, uint32_t type, int G) {
     const int64_t nb = g->nb;
-    const int64_t nblocks = (nb + MAX_RB - 1) / MAX_RB;
-    int64_t start[LP_FEW_ROWS_MAX + 1];
-    for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
     if (nb <= PAIR_ROWS_MAX) {
         int64_t p = g->p0;
         for (; p + 2 <= g->p1; p += 2) rows_tile_pair(g, type, p, (int)nb, G);
         if (p < g->p1) rows_tile_rb(g, type, p, 0, (int)nb, G, FEW_PREFETCH_BYTES);
         return;
     }
+    const int64_t nblocks = (nb + MAX_RB - 1) / MAX_RB;
+    int64_t start[LP_FEW_ROWS_MAX + 1];
+    for (int64_t j = 0; j <= nblocks; j++) start[j] = j * nb / nblocks;
     for (int64_t p = g->p0; p < g->p1; p++)
         for (int64_t j = 0; j < nblocks; j++)
             rows_tile_rb(g, type, p, start[j], (int)(start[j + 1] - start[j]), G, j == 0 ? FEW_PREFETCH_BYTES : 0);

@@ -121,8 +121,8 @@ typedef struct lp_qact {
 /* The batch rows lp_qact.qg is laid out for: every batch of more than one
  * row. One row runs the VNNI kernel's 4-panel decode tiles, whose four
  * prefetched streams keep the most bytes in flight; from 2 rows on the
- * arithmetic counts too, and the few-row tiles do it in about half the
- * instructions of the 4-panel ones (docs/benchmarks.md section 25). */
+ * arithmetic counts too, and the few-row tiles do it in half the time of
+ * the 4-panel ones or less (docs/benchmarks.md section 25). */
 #define LP_FEW_ROWS_MIN 2
 #define LP_FEW_ROWS_MAX 16
 
