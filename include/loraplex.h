@@ -76,6 +76,7 @@ typedef struct lp_model lp_model;
 typedef struct lp_context lp_context;
 typedef struct lp_sampler lp_sampler;
 typedef struct lp_adapter lp_adapter;
+typedef struct lp_forecast lp_forecast; /* speculative decoding, below */
 
 /* ---- models ------------------------------------------------------------- */
 
@@ -290,6 +291,17 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *adapter
                             lp_error *err);
 /* The adapter bound to a slot (NULL: none; slot 0 is always the base). */
 const lp_adapter *lp_context_slot_adapter(const lp_context *ctx, int slot);
+/* Binds a forecast set (speculative decoding, below) to a slot (0 = the
+ * base, 1..max_adapters): lp_generate and lp_generate_streams speculate
+ * with the set bound to each stream's slot, so switching a stream's task
+ * switches both without a reload. The set must fit the model
+ * (lp_forecast_check); one trained for another adapter is allowed (the
+ * output is the same, only acceptance drops). Binding another adapter to
+ * the slot unbinds it; NULL unbinds. The set must outlive the binding. */
+int lp_context_bind_forecast(lp_context *ctx, int slot, const lp_forecast *forecast,
+                             lp_error *err);
+/* The forecast set bound to a slot (NULL: none). */
+const lp_forecast *lp_context_slot_forecast(const lp_context *ctx, int slot);
 
 /* ---- shared quantization profiles (QUAD, docs/quad.md) ------------------------ */
 
@@ -355,6 +367,8 @@ lp_sampler *lp_sampler_create(const lp_model *model,
                               const lp_sampler_params *params, lp_error *err);
 void lp_sampler_free(lp_sampler *s);
 void lp_sampler_reset(lp_sampler *s, uint64_t seed);
+/* Its settings (seed: the one it was created or last reset with). */
+lp_sampler_params lp_sampler_get_params(const lp_sampler *s);
 /* Picks a token from logits (not modified); history: tokens so far. */
 int32_t lp_sampler_sample(lp_sampler *s, const float *logits,
                           const int32_t *history, int n_history);
@@ -381,6 +395,16 @@ typedef struct lp_stream {
     int32_t first_token;      /* force the first generated token (-1 = sample) */
 } lp_stream;
 
+/* Speculation counters of one request or stream (lp_engine_request_spec_stats,
+ * lp_stream_stats; zeros for plain decoding). */
+typedef struct lp_spec_stats {
+    int n_passes;      /* forwards that produced at least one of its tokens */
+    int n_generated;   /* tokens it generated (= lp_request_stats.n_generated) */
+    int n_drafted;     /* candidate tokens verified (tree nodes) */
+    int n_accepted;    /* of them accepted (tokens beyond one per pass) */
+    int n_forecast_rows, n_tree_rows; /* rows it added for them */
+} lp_spec_stats;
+
 typedef struct lp_generate_params {
     int n_predict;              /* max new tokens per stream (default 128) */
     const char *const *stop;    /* stop strings, n_stop of them */
@@ -394,19 +418,29 @@ typedef struct lp_generate_params {
                                    distinct first token (the CTG paper's mechanism) */
     float seed_top_min_prob;    /* with seed_top: streams whose seed token is less
                                    likely than this end at once ("pruned") */
+    const struct lp_speculate *speculate; /* NULL: one token per step. Else every
+                                   stream decodes speculatively with these settings
+                                   (the output is the plain output) and, where they
+                                   name no forecast set, with the one bound to its
+                                   slot (lp_context_bind_forecast; depth cut to its k,
+                                   0 where none is bound). Streams' samplers must
+                                   then be distinct, or greedy */
 } lp_generate_params;
 
 typedef struct lp_stream_stats {
     int n_generated;
     const char *stop_reason;    /* "eog", "stop", "length", "callback", "context", "pruned" */
+    lp_spec_stats spec;         /* its speculation (lp_generate_params.speculate) */
 } lp_stream_stats;
 
 typedef struct lp_generate_stats {
     int n_prompt, n_reused;     /* prompt tokens; of them taken from the cache */
     int n_generated;            /* over all streams */
     double prefill_seconds, decode_seconds;
-    int decode_steps;
+    int decode_steps;           /* forwards after every stream had its first token */
+    int steps;                  /* forwards in all */
     const char *stop_reason;    /* of stream 0 */
+    lp_spec_stats spec;         /* summed over the streams */
 } lp_generate_stats;
 
 lp_generate_params lp_generate_default_params(void);
@@ -556,8 +590,8 @@ void lp_engine_counts(const lp_engine *engine, int64_t *steps, int64_t *rows);
  * The engine then verifies those guesses as a tree of rows in the next
  * batch and commits only the accepted path (lp_commit_rows); forecast rows
  * and rejected rows are never committed, so no real token ever attends to
- * them and greedy output is token for token that of plain decoding. */
-typedef struct lp_forecast lp_forecast;
+ * them and greedy output is token for token that of plain decoding.
+ * (lp_forecast is declared with the other handles, at the top.) */
 
 /* Loads and validates an .lpf file (errors name the file). */
 lp_forecast *lp_forecast_load(const char *path, lp_error *err);
@@ -596,8 +630,10 @@ int lp_forecast_ngram_next(const lp_forecast *f, const int32_t *history, int n);
 
 /* How a request speculates (lp_request.speculate). Greedy or sampled, the
  * output is the plain output (for a seed, token for token); a speculative
- * request must use its own sampler (lp_request.sampler NULL), else
- * lp_engine_submit refuses it (LP_ERR_INVALID).
+ * request's sampler is its own (lp_request.sampler NULL) or a borrowed one
+ * no other unfinished request uses, unless both are greedy (their draws
+ * would interleave differently); lp_engine_submit refuses others
+ * (LP_ERR_INVALID).
  * The engine binds forecast sets to the context's embedding tables
  * (1..max_embd_tables) while requests use them; rows it cannot fit (rows,
  * logit rows, sequence length) are left out, which only lowers acceptance.
@@ -635,14 +671,6 @@ lp_speculate lp_speculate_default(void);
  * writes cost[r - 1] = time(r rows) / time(1 row), made non-decreasing. Call
  * it while nothing else uses the context; n <= LP_SPEC_COST_ROWS. */
 int lp_speculate_measure_cost(lp_context *ctx, int ctx_len, float *cost, int n, lp_error *err);
-
-typedef struct lp_spec_stats {
-    int n_passes;      /* forwards that produced at least one of its tokens */
-    int n_generated;   /* tokens it generated (= lp_request_stats.n_generated) */
-    int n_drafted;     /* candidate tokens verified (tree nodes) */
-    int n_accepted;    /* of them accepted (tokens beyond one per pass) */
-    int n_forecast_rows, n_tree_rows; /* rows it added for them */
-} lp_spec_stats;
 
 /* Speculation counters of a request (zeros for a plain one). */
 int lp_engine_request_spec_stats(const lp_engine *engine, int request, lp_spec_stats *stats);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # `loraplex run --speculate` end to end: forecast-random writes an .lpf;
 # greedy speculative output (random forecasts, prompt lookup, both; with and
-# without an adapter; stop strings; JSON text lines) is byte for byte the
+# without an adapter; stop strings; JSON text lines; --streams with one file
+# or one per stream's adapter) is byte for byte the
 # plain output, greedy and sampled (for a seed); -v and --json report the
 # speculation; bad files are refused naming the file; train-forecast (smoke)
 # writes files that speculate exactly as well; bench --speculate on the demo
@@ -30,6 +31,28 @@ for p in "${prompts[@]}"; do
     done
   done
 done
+
+# --streams: each stream runs its own tree in the same batch; one file for
+# all streams, or one per stream bound to its adapter's slot (--adapters);
+# the output is the plain streams' output, greedy and sampled
+"$bin" forecast-random --model "$m" -k 3 --seed 4 -o "$work/r3.lpf" 2>/dev/null
+sfx='--suffixes " Tom|One day| The sun"'
+for extra in "--temp 0" "--temp 0.8 --seed 9"; do
+  for s in "--speculate $work/r.lpf --lookup 2" "--adapters $lora,$lora:0.5,$lora:0 --speculate $work/r.lpf,$work/r3.lpf,$work/r.lpf"; do
+    base="-m $m -p \"Once upon a time\" -n 50 -t 1 --streams 3 $sfx $extra --json"
+    ad=""; case "$s" in --adapters*) ad="${s%% --speculate*}";; esac
+    eval "\"\$bin\" run $base $ad" >"$work/plain" 2>/dev/null
+    eval "\"\$bin\" run $base $s -v" >"$work/spec" 2>"$work/err"
+    same=1  # streams interleave differently: compare each stream's lines
+    for i in 0 1 2; do
+      cmp -s <(grep "\"stream\":$i,\"text\"" "$work/plain") <(grep "\"stream\":$i,\"text\"" "$work/spec") || same=0
+    done
+    [ "$(grep -c '"text"' "$work/plain")" -gt 10 ] && [ $same -eq 1 ] && [ "$(grep -c '"speculate":{' "$work/spec")" -eq 3 ] && grep -q "stream 2: speculative (forecast \[3,2\]" "$work/err" \
+      && ok || { bad "streams $extra $s: output differs"; diff "$work/plain" "$work/spec" >&2; cat "$work/err" >&2; }
+  done
+done
+out=$("$bin" run -m "$m" -p "x" -n 5 --streams 2 --speculate "$work/r.lpf,$work/r3.lpf" 2>"$work/err"); rc=$?
+[ $rc -eq 2 ] && grep -q "one file per stream" "$work/err" && ok || bad "--speculate F1,F2 without --adapters: rc=$rc"
 
 # JSON: the same text lines; the done line carries the speculation report
 "$bin" run -m "$m" -p "Once upon a time" -n 40 --temp 0 -t 1 --json >"$work/pj" 2>/dev/null

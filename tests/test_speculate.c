@@ -11,7 +11,8 @@
  *   - the KV a speculative request leaves equals plain decoding's: same
  *     length, same entries, bit-identical logits for a next row;
  *   - several speculative requests with different adapters and forecast
- *     sets in one engine == each alone;
+ *     sets in one engine == each alone; so are lp_generate_streams' streams
+ *     speculating with the sets bound to their slots, and lp_generate;
  *   - the .lpf reader's rejections and the engine's refusals. */
 #include <math.h>
 #include <stdio.h>
@@ -431,6 +432,115 @@ static void test_mixed(const lp_model *m, const lp_adapter *lora, const lp_adapt
     lp_forecast_free(f2);
 }
 
+/* ---- lp_generate / lp_generate_streams with forecast sets bound to slots ------------------- */
+
+typedef struct texts {
+    char t[4][2048];
+} texts;
+
+static bool collect_stream(void *user, int stream, const char *text, size_t len) {
+    texts *x = user;
+    size_t have = strlen(x->t[stream]);
+    if (have + len < sizeof x->t[stream]) {
+        memcpy(x->t[stream] + have, text, len);
+        x->t[stream][have + len] = 0;
+    }
+    return true;
+}
+
+static bool collect_one(void *user, const char *text, size_t len) { return collect_stream(user, 0, text, len); }
+
+/* Three streams on three slots (base, lora, half), each speculating with the
+ * forecast set bound to its slot, one of them sampling: the plain output,
+ * stream for stream; lp_generate the same; the binding rules. */
+static void test_generate_bound(const lp_model *m, const lp_model *other, const lp_adapter *lora,
+                                const lp_adapter *half) {
+    lp_error err;
+    lp_context *ctx = make_ctx(m, 4);
+    lp_forecast *f[3] = {random_forecast(m, 2, 21, 0.5f), random_forecast(m, 3, 22, 1.0f),
+                         random_forecast(m, 4, 23, 0.7f)};
+    CHECK(lp_context_bind_adapter(ctx, 1, lora, &err) == 0 && lp_context_bind_adapter(ctx, 2, half, &err) == 0);
+    for (int i = 0; i < 3; i++) CHECK_MSG(lp_context_bind_forecast(ctx, i, f[i], &err) == 0, "%s", err.message);
+    CHECK(lp_context_slot_forecast(ctx, 1) == f[1] && lp_context_slot_forecast(ctx, 3) == NULL);
+    err.status = LP_OK;
+    CHECK(lp_context_bind_forecast(ctx, 5, f[0], &err) < 0 && err.status == LP_ERR_INVALID);
+    if (other) {
+        lp_forecast *wrong = random_forecast(other, 2, 1, 1.0f);
+        CHECK(lp_context_bind_forecast(ctx, 3, wrong, &err) < 0 && err.status == LP_ERR_FORMAT);
+        lp_forecast_free(wrong);
+    }
+    /* a slot that changes adapter loses its forecast set; rebinding the same keeps it */
+    CHECK(lp_context_bind_adapter(ctx, 3, lora, &err) == 0 && lp_context_bind_forecast(ctx, 3, f[1], &err) == 0);
+    CHECK(lp_context_bind_adapter(ctx, 3, lora, &err) == 0 && lp_context_slot_forecast(ctx, 3) == f[1]);
+    CHECK(lp_context_bind_adapter(ctx, 3, half, &err) == 0 && lp_context_slot_forecast(ctx, 3) == NULL);
+
+    lp_sampler_params gp = lp_sampler_default_params(), sp_params = lp_sampler_default_params();
+    gp.temperature = 0;
+    sp_params.seed = 77;
+    lp_sampler *sam[3] = {lp_sampler_create(m, &gp, &err), lp_sampler_create(m, &gp, &err),
+                          lp_sampler_create(m, &sp_params, &err)};
+    lp_stream streams[3] = {{.suffix = " The cat", .adapter = 0, .sampler = sam[0], .first_token = -1},
+                            {.suffix = " Tom and his dog", .adapter = 1, .sampler = sam[1], .first_token = -1},
+                            {.suffix = " One day", .adapter = 2, .sampler = sam[2], .first_token = -1}};
+    int32_t prompt[64];
+    int n_prompt = lp_tokenize(m, PROMPTS[0], strlen(PROMPTS[0]), true, false, prompt, 64, &err);
+    CHECK(n_prompt > 0 && n_prompt < 64);
+    lp_generate_params p = lp_generate_default_params();
+    p.n_predict = 60;
+    texts *plain = calloc(1, sizeof *plain), *spec = calloc(1, sizeof *spec);
+    lp_stream_stats ps[3], ss[3];
+    lp_generate_stats pst, sst;
+    CHECK_MSG(lp_generate_streams(ctx, prompt, n_prompt, streams, 3, &p, collect_stream, plain, ps, &pst, &err) == 0,
+              "%s", err.message);
+    lp_speculate sp = lp_speculate_default(); /* no forecast named: each slot's */
+    sp.depth = 3, sp.branches[0] = 3, sp.branches[1] = 2, sp.branches[2] = 1;
+    sp.lookup_ngram = 2, sp.lookup_len = 6;
+    p.speculate = &sp;
+    lp_sampler_reset(sam[2], 77);
+    CHECK_MSG(lp_generate_streams(ctx, prompt, n_prompt, streams, 3, &p, collect_stream, spec, ss, &sst, &err) == 0,
+              "%s", err.message);
+    for (int i = 0; i < 3; i++) {
+        CHECK_MSG(strcmp(plain->t[i], spec->t[i]) == 0 && ps[i].n_generated == ss[i].n_generated &&
+                      strcmp(ps[i].stop_reason, ss[i].stop_reason) == 0,
+                  "stream %d: speculative output differs from plain", i);
+        CHECK(ps[i].spec.n_passes == 0 && ss[i].spec.n_passes > 0 && ss[i].spec.n_drafted > 0 &&
+              ss[i].spec.n_generated == ss[i].n_generated);
+    }
+    /* every stream's forecast rows ran: depth cut to its set's k (2, 3, 3) */
+    CHECK(ss[0].spec.n_forecast_rows > 0 && ss[1].spec.n_forecast_rows > 0 && ss[2].spec.n_forecast_rows > 0);
+    CHECK(sst.spec.n_generated == sst.n_generated && sst.steps > sst.decode_steps && pst.spec.n_passes == 0);
+    CHECK_MSG(strlen(plain->t[2]) > 0 && strcmp(plain->t[1], plain->t[2]) != 0, "the streams' texts prove nothing");
+
+    /* one stream: lp_generate on slot 1, greedy and sampled */
+    for (int sampled = 0; sampled < 2; sampled++) {
+        lp_sampler *one = sampled ? sam[2] : sam[1];
+        texts *a = calloc(1, sizeof *a), *b = calloc(1, sizeof *b);
+        lp_generate_stats as, bs;
+        p.prefix_adapter = 1;
+        p.speculate = NULL;
+        lp_sampler_reset(one, 5);
+        CHECK(lp_generate(ctx, one, prompt, n_prompt, &p, collect_one, a, &as, &err) == 0);
+        p.speculate = &sp;
+        lp_sampler_reset(one, 5);
+        CHECK_MSG(lp_generate(ctx, one, prompt, n_prompt, &p, collect_one, b, &bs, &err) == 0, "%s", err.message);
+        CHECK_MSG(strcmp(a->t[0], b->t[0]) == 0 && as.n_generated == bs.n_generated && bs.spec.n_passes > 0,
+                  "lp_generate (%s): speculative output differs", sampled ? "sampled" : "greedy");
+        free(a);
+        free(b);
+    }
+    /* a sampling sampler shared by two speculating streams is refused */
+    streams[1].sampler = sam[2];
+    p.prefix_adapter = 0;
+    err.status = LP_OK;
+    CHECK(lp_generate_streams(ctx, prompt, n_prompt, streams, 3, &p, collect_stream, spec, NULL, NULL, &err) < 0 &&
+          err.status == LP_ERR_INVALID && strstr(err.message, "shared"));
+    free(plain);
+    free(spec);
+    for (int i = 0; i < 3; i++) lp_sampler_free(sam[i]);
+    lp_context_free(ctx);
+    for (int i = 0; i < 3; i++) lp_forecast_free(f[i]);
+}
+
 /* A KV cache too small for everyone: preemption in the middle of
  * speculation changes no output. */
 static void test_preempt(const lp_model *m) {
@@ -699,11 +809,20 @@ static void test_refusals(const lp_model *m) {
     q.speculate = &s;
     lp_sampler_params sampler_params = lp_sampler_default_params();
     lp_sampler *borrowed = lp_sampler_create(m, &sampler_params, &err);
-    q.sampler = borrowed; /* shared draws would interleave with other requests' */
+    q.sampler = borrowed; /* a borrowed sampler no one else uses is fine ... */
+    int first = lp_engine_submit(e, &q, &err);
+    CHECK_MSG(first >= 0, "%s", err.message);
+    lp_request plain = lp_request_default();
+    plain.text = "Hi";
+    plain.sampler = borrowed; /* ... shared, the two requests' draws would interleave */
     err.status = LP_OK;
-    CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID && strstr(err.message, "own sampler"));
+    CHECK(lp_engine_submit(e, &plain, &err) < 0 && err.status == LP_ERR_INVALID && strstr(err.message, "shared"));
+    lp_sampler_params greedy_params = lp_sampler_default_params();
+    greedy_params.temperature = 0;
+    lp_sampler *greedy = lp_sampler_create(m, &greedy_params, &err);
+    plain.sampler = q.sampler = greedy; /* a greedy one draws nothing: sharing it is fine */
+    CHECK(lp_engine_submit(e, &plain, &err) >= 0 && lp_engine_submit(e, &q, &err) >= 0);
     q.sampler = NULL;
-    lp_sampler_free(borrowed);
     s.depth = 3; /* more than the set has */
     CHECK(lp_engine_submit(e, &q, &err) < 0 && err.status == LP_ERR_INVALID);
     s.depth = 2;
@@ -719,6 +838,8 @@ static void test_refusals(const lp_model *m) {
     lp_engine_free(e);
     lp_context_free(ctx);
     lp_forecast_free(f);
+    lp_sampler_free(borrowed);
+    lp_sampler_free(greedy);
 }
 
 /* ---- the .lpf reader ----------------------------------------------------------------- */
@@ -1012,6 +1133,7 @@ int main(void) {
     test_cut_mid_path(m);
     test_lookup_copy();
     test_mixed(m, lora, half);
+    test_generate_bound(m, s, lora, half);
     test_preempt(m);
     test_tight(m);
     test_repeat_penalty(m);

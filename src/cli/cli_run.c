@@ -50,9 +50,11 @@ static void run_usage(FILE *out) {
             "      --json              JSON lines: {\"stream\":i,\"text\":...} as produced, then\n"
             "                          {\"stream\":i,\"done\":true,\"stop\":...}\n"
             "speculative decoding (prints exactly the plain output, greedy or sampled with a --seed):\n"
-            "      --speculate F.lpf   forecast embeddings (loraplex forecast-random, train-forecast)\n"
+            "      --speculate F.lpf   forecast embeddings (loraplex forecast-random, train-forecast);\n"
+            "                          with --adapters, F1,F2,... one per stream (bound to its\n"
+            "                          adapter's slot); each stream runs its own tree, in one batch\n"
             "      --tree B1,B2,...    candidates per depth from the forecast rows (default 3,2,\n"
-            "                          cut to the file's k); 1,1,1,1 is a chain of 4; 0: no\n"
+            "                          cut to each file's k); 1,1,1,1 is a chain of 4; 0: no\n"
             "                          forecast rows (the file's corpus chain and --lookup only)\n"
             "      --lookup N[:L]      also propose the L tokens (default 8) that followed an\n"
             "                          earlier match of the last N..1 tokens (prompt lookup: up\n"
@@ -270,12 +272,11 @@ static int32_t *prompt_tokens(const lp_model *model, const run_options *o, const
 
 /* ---- speculative decoding ----------------------------------------------------------------- */
 
-/* --tree and --lookup into sp (forecast set already loaded, or NULL). */
-static int parse_speculate(const run_options *o, const lp_forecast *f, lp_speculate *sp) {
+/* --tree and --lookup into sp; k: the largest k of the forecast files
+ * (0: none), whose depth each stream cuts to its own file's. */
+static int parse_speculate(const run_options *o, int k, lp_speculate *sp) {
     *sp = lp_speculate_default();
-    sp->forecast = f;
-    int k = f ? lp_forecast_k(f) : 0;
-    if (f) {
+    if (k > 0) {
         int def[2] = {3, 2}, n = 0;
         if (o->tree && !strcmp(o->tree, "0")) {
             /* no forecast rows: the file's corpus chain (and lookup) alone */
@@ -319,7 +320,8 @@ static int parse_speculate(const run_options *o, const lp_forecast *f, lp_specul
     return 0;
 }
 
-static void tree_text(const lp_speculate *sp, char *buf, size_t cap) {
+/* The tree a stream runs (f: its forecast set, for the corpus chain). */
+static void tree_text(const lp_speculate *sp, const lp_forecast *f, char *buf, size_t cap) {
     size_t n = 0;
     buf[0] = 0;
     if (sp->depth > 0) {
@@ -328,90 +330,73 @@ static void tree_text(const lp_speculate *sp, char *buf, size_t cap) {
             n += (size_t)snprintf(buf + n, cap - n, "%s%d", d ? "," : "", sp->branches[d]);
         if (n < cap) n += (size_t)snprintf(buf + n, cap - n, "]");
     }
-    if (sp->forecast && lp_forecast_corpus_size(sp->forecast) && sp->ngram_len >= 0 && n < cap)
+    if (f && lp_forecast_corpus_size(f) && sp->ngram_len >= 0 && n < cap)
         n += (size_t)snprintf(buf + n, cap - n, "%sn-gram %d", n ? " + " : "", sp->ngram_len ? sp->ngram_len : 8);
     if (sp->lookup_ngram > 0 && n < cap)
         n += (size_t)snprintf(buf + n, cap - n, "%slookup %d:%d", n ? " + " : "", sp->lookup_ngram, sp->lookup_len);
     if (n == 0) snprintf(buf, cap, "none");
 }
 
-/* One greedy request on the engine with speculation; the same text, stops
- * and summary line as the plain path. */
-static int run_speculative(lp_context *ctx, const run_options *o, const int32_t *prompt, int n_prompt,
-                           const lp_adapter *adapter, const lp_adapter *prefix_adapter, const lp_speculate *sp,
-                           printer *out, lp_error *err) {
-    lp_engine *e = lp_engine_create(ctx, NULL, err);
-    if (!e) return cli_fail("engine", err);
-    lp_request q = lp_request_default();
-    q.prompt = prompt;
-    q.n_prompt = n_prompt;
-    q.adapter = adapter;
-    /* as lp_generate_streams does: the last prompt token under the stream's own adapter */
-    q.prefix_adapter = prefix_adapter;
-    q.n_prefix = adapter == prefix_adapter ? n_prompt : n_prompt - 1;
-    q.sampling = o->sampling;
-    q.sampling.seed = (uint64_t)o->seed;
-    q.max_tokens = (int)o->n_predict;
-    q.stop = o->stop;
-    q.n_stop = o->n_stop;
-    q.stop_at_eog = true;
-    q.fn = print_text;
-    q.user = out;
-    q.speculate = sp;
-    int id = lp_engine_submit(e, &q, err);
-    if (id < 0) {
-        lp_engine_free(e);
-        return cli_fail("speculative request", err);
+/* Loads the --speculate files: one for every stream (sp->forecast), or one
+ * per stream bound to its adapter's slot (1..n); then --tree and --lookup. */
+static int load_forecasts(const lp_model *model, lp_context *ctx, const run_options *o, char **paths, int n,
+                          lp_forecast **out, lp_speculate *sp) {
+    lp_error err = {0};
+    int k = 0;
+    for (int i = 0; i < n; i++) {
+        out[i] = lp_forecast_load(paths[i], &err);
+        if (!out[i] || lp_forecast_check(out[i], model, &err) ||
+            (n > 1 && lp_context_bind_forecast(ctx, i + 1, out[i], &err)))
+            return cli_fail(paths[i], &err);
+        if (lp_forecast_k(out[i]) > k) k = lp_forecast_k(out[i]);
+        if (o->verbose)
+            fprintf(stderr, "loraplex: forecast %s: k %d, trained for %s\n", paths[i], lp_forecast_k(out[i]),
+                    lp_forecast_adapter_name(out[i])[0] ? lp_forecast_adapter_name(out[i]) : "the base");
     }
-    double t0 = lp_now_seconds(), t1 = t0;
-    int64_t steps0 = 0;
-    lp_request_stats rs;
-    bool prefilled = false;
-    for (;;) {
-        int left = lp_engine_step(e, err);
-        if (left < 0) {
-            lp_engine_free(e);
-            return cli_fail("generation failed", err);
-        }
-        lp_engine_request_stats(e, id, &rs);
-        if (!prefilled && (rs.done || rs.n_generated > 0)) {
-            prefilled = true;
-            t1 = lp_now_seconds();
-            lp_engine_counts(e, &steps0, NULL);
-        }
-        if (left == 0) break;
-    }
-    double t2 = lp_now_seconds();
-    lp_spec_stats ss;
-    lp_engine_request_spec_stats(e, id, &ss);
-    int64_t steps, rows;
-    lp_engine_counts(e, &steps, &rows);
-    lp_engine_free(e);
-    char tree[128];
-    tree_text(sp, tree, sizeof tree);
-    double per_pass = ss.n_passes ? (double)ss.n_generated / ss.n_passes : 0.0;
-    if (o->json)
-        printf("{\"stream\":0,\"done\":true,\"tokens\":%d,\"stop\":\"%s\",\"speculate\":{\"forward_passes\":%lld,"
-               "\"decode_passes\":%d,\"tokens_per_pass\":%.3f,\"drafted\":%d,\"accepted\":%d,"
-               "\"tree_rows\":%d,\"forecast_rows\":%d,\"rows\":%lld,\"tree\":\"%s\"}}\n",
-               rs.n_generated, rs.stop_reason, (long long)steps, ss.n_passes, per_pass, ss.n_drafted, ss.n_accepted,
-               ss.n_tree_rows, ss.n_forecast_rows, (long long)rows, tree);
-    else
-        printf("\n");
-    double decode = t2 - t1, prefill = t1 - t0;
-    fprintf(stderr,
-            "loraplex: prompt %d tokens (%d from cache) in %.1f ms (%.1f tok/s); 1 stream(s), "
-            "%d tokens in %.1f ms (%.1f tok/s, %lld steps), stop: %s\n",
-            rs.n_prompt, rs.n_reused, prefill * 1e3, prefill > 0 ? (rs.n_prompt - rs.n_reused) / prefill : 0.0,
-            rs.n_generated, decode * 1e3, decode > 0 ? rs.n_generated / decode : 0.0, (long long)(steps - steps0),
-            rs.stop_reason);
-    if (o->verbose)
-        fprintf(stderr,
-                "loraplex: speculative (%s): %d tokens in %d passes that produced tokens (%.2f tokens per pass), "
-                "%lld forward passes in all; %d of %d drafted tokens accepted; %d tree rows, %d forecast rows\n",
-                tree, ss.n_generated, ss.n_passes, per_pass, (long long)steps, ss.n_accepted, ss.n_drafted,
-                ss.n_tree_rows, ss.n_forecast_rows);
+    if (parse_speculate(o, k, sp)) return 2;
+    if (n == 1) sp->forecast = out[0];
     return 0;
+}
+
+/* What a stream speculates with, as lp_generate_streams derives it. */
+static lp_speculate stream_tree(const lp_context *ctx, const lp_speculate *sp, int slot, const lp_forecast **f) {
+    lp_speculate t = *sp;
+    *f = sp->forecast ? sp->forecast : lp_context_slot_forecast(ctx, slot);
+    int k = *f ? lp_forecast_k(*f) : 0;
+    if (t.depth > k) t.depth = k;
+    return t;
+}
+
+static void json_speculation(const lp_context *ctx, const lp_speculate *sp, int slot, const lp_spec_stats *s,
+                             const lp_generate_stats *st) {
+    const lp_forecast *f;
+    lp_speculate t = stream_tree(ctx, sp, slot, &f);
+    char tree[128];
+    tree_text(&t, f, tree, sizeof tree);
+    printf(",\"speculate\":{\"forward_passes\":%d,\"decode_passes\":%d,\"tokens_per_pass\":%.3f,\"drafted\":%d,"
+           "\"accepted\":%d,\"tree_rows\":%d,\"forecast_rows\":%d,\"tree\":\"%s\"}",
+           st->steps, s->n_passes, s->n_passes ? (double)s->n_generated / s->n_passes : 0.0, s->n_drafted,
+           s->n_accepted, s->n_tree_rows, s->n_forecast_rows, tree);
+}
+
+static void report_speculation(const lp_context *ctx, const lp_speculate *sp, const lp_stream *streams,
+                               int n_streams, const lp_stream_stats *ss, const lp_generate_stats *st) {
+    for (int i = 0; i < n_streams; i++) {
+        const lp_forecast *f;
+        lp_speculate t = stream_tree(ctx, sp, streams[i].adapter, &f);
+        char tree[128];
+        tree_text(&t, f, tree, sizeof tree);
+        const lp_spec_stats *s = &ss[i].spec;
+        char who[32] = "";
+        if (n_streams > 1) snprintf(who, sizeof who, "stream %d: ", i);
+        fprintf(stderr,
+                "loraplex: %sspeculative (%s): %d tokens in %d passes that produced tokens (%.2f tokens per pass); "
+                "%d of %d drafted tokens accepted; %d tree rows, %d forecast rows\n",
+                who, tree, s->n_generated, s->n_passes,
+                s->n_passes ? (double)s->n_generated / s->n_passes : 0.0, s->n_accepted, s->n_drafted,
+                s->n_tree_rows, s->n_forecast_rows);
+    }
+    fprintf(stderr, "loraplex: %d forward passes in all\n", st->steps);
 }
 
 int cli_run(int argc, char **argv) {
@@ -427,16 +412,19 @@ int cli_run(int argc, char **argv) {
     int n_streams = (int)o.streams, n_adapters = 0;
     lp_model *model = NULL;
     lp_context *ctx = NULL;
-    lp_forecast *forecast = NULL;
+    lp_forecast *forecasts[MAX_STREAMS] = {0};
+    char *forecast_copy = NULL, *forecast_list[MAX_STREAMS];
     bool speculate = o.speculate || o.lookup;
+    lp_speculate sp = lp_speculate_default();
     int32_t *prompt = NULL;
     printer out = {o.json, n_streams > 1 && !o.json, NULL, NULL};
 
     int n_suffix = split_list(o.suffixes, '|', &suffix_copy, suffix_list, MAX_STREAMS);
     int n_temps = split_list(o.temps, ',', &temps_copy, temp_list, MAX_STREAMS);
     n_adapters = split_list(o.adapters, ',', &adapters_copy, adapter_specs, MAX_ADAPTERS);
+    int n_forecasts = split_list(o.speculate, ',', &forecast_copy, forecast_list, MAX_STREAMS);
     rc = 2;
-    if (n_suffix < 0 || n_temps < 0 || n_adapters < 0) {
+    if (n_suffix < 0 || n_temps < 0 || n_adapters < 0 || n_forecasts < 0) {
         fprintf(stderr, "loraplex run: too many entries in a list option\n");
         goto out;
     }
@@ -446,8 +434,9 @@ int cli_run(int argc, char **argv) {
                         "stream (%d)\n", n_streams);
         goto out;
     }
-    if (speculate && n_streams > 1) {
-        fprintf(stderr, "loraplex run: --speculate and --lookup decode one stream (not --streams)\n");
+    if (n_forecasts > 1 && (n_forecasts != n_streams || !o.adapters)) {
+        fprintf(stderr, "loraplex run: --speculate F1,F2,... wants one file per stream, with --adapters (else "
+                        "one file for all streams)\n");
         goto out;
     }
     rc = 1;
@@ -488,7 +477,8 @@ int cli_run(int argc, char **argv) {
     }
     cp.max_seq_len = n_prompt + (int)o.n_predict + 256;
     cp.max_adapters = n_adapters + 1;
-    if (speculate) cp.max_logit_rows = 128; /* trees and forecast rows ask for logits */
+    /* trees and forecast rows ask for logits: 30 a stream for the tree {3, 2} */
+    if (speculate) cp.max_logit_rows = n_streams < 8 ? 64 + 64 * n_streams : 512;
     ctx = lp_context_create(model, &cp, &err);
     if (!ctx) {
         rc = cli_fail("cannot create context", &err);
@@ -538,28 +528,10 @@ int cli_run(int argc, char **argv) {
     }
     if (o.echo && !o.json) fputs(text, stdout);
 
-    if (speculate) {
-        lp_speculate sp;
-        if (o.speculate) {
-            forecast = lp_forecast_load(o.speculate, &err);
-            if (!forecast || lp_forecast_check(forecast, model, &err)) {
-                rc = cli_fail(o.speculate, &err);
-                goto out;
-            }
-        }
-        if (parse_speculate(&o, forecast, &sp)) {
-            rc = 2;
-            goto out;
-        }
-        if (o.costed && lp_speculate_measure_cost(ctx, n_prompt, sp.pass_cost, LP_SPEC_COST_ROWS, &err)) {
-            rc = cli_fail("run --costed", &err);
-            goto out;
-        }
-        if (o.verbose && forecast)
-            fprintf(stderr, "loraplex: forecast %s: k %d, trained for %s\n", o.speculate, lp_forecast_k(forecast),
-                    lp_forecast_adapter_name(forecast)[0] ? lp_forecast_adapter_name(forecast) : "the base");
-        const lp_adapter *whole = whole_run_slot ? adapters[n_adapters] : NULL;
-        rc = run_speculative(ctx, &o, prompt, n_prompt, o.adapters ? adapters[0] : whole, whole, &sp, &out, &err);
+    if (speculate && (rc = load_forecasts(model, ctx, &o, forecast_list, n_forecasts, forecasts, &sp)) != 0)
+        goto out;
+    if (speculate && o.costed && lp_speculate_measure_cost(ctx, n_prompt, sp.pass_cost, LP_SPEC_COST_ROWS, &err)) {
+        rc = cli_fail("run --costed", &err);
         goto out;
     }
     lp_generate_params gp = lp_generate_default_params();
@@ -569,6 +541,7 @@ int cli_run(int argc, char **argv) {
     gp.prefix_adapter = whole_run_slot;
     gp.seed_top = o.seed_top ? n_streams : 0;
     gp.seed_top_min_prob = (float)o.seed_top_min_p;
+    if (speculate) gp.speculate = &sp;
     lp_stream_stats ss[MAX_STREAMS];
     lp_generate_stats st;
     if (lp_generate_streams(ctx, prompt, n_prompt, streams, n_streams, &gp, print_text, &out, ss,
@@ -578,8 +551,10 @@ int cli_run(int argc, char **argv) {
     }
     for (int i = 0; i < n_streams; i++) {
         if (o.json) {
-            printf("{\"stream\":%d,\"done\":true,\"tokens\":%d,\"stop\":\"%s\"}\n", i,
-                   ss[i].n_generated, ss[i].stop_reason);
+            printf("{\"stream\":%d,\"done\":true,\"tokens\":%d,\"stop\":\"%s\"", i, ss[i].n_generated,
+                   ss[i].stop_reason);
+            if (speculate) json_speculation(ctx, &sp, streams[i].adapter, &ss[i].spec, &st);
+            printf("}\n");
         } else if (out.multi) {
             printf("%s=== stream %d", i ? "\n" : "", i);
             if (o.adapters) printf(" (adapter %s)", adapter_specs[i]);
@@ -597,6 +572,7 @@ int cli_run(int argc, char **argv) {
             n_streams, st.n_generated, st.decode_seconds * 1e3,
             st.decode_seconds > 0 ? st.n_generated / st.decode_seconds : 0.0,
             st.decode_steps, st.stop_reason);
+    if (speculate && o.verbose) report_speculation(ctx, &sp, streams, n_streams, ss, &st);
     rc = 0;
 out:
     if (out.texts)
@@ -606,12 +582,13 @@ out:
     free(prompt);
     for (int i = 0; i < n_streams; i++) lp_sampler_free(samplers[i]);
     lp_context_free(ctx);
-    lp_forecast_free(forecast);
+    for (int i = 0; i < MAX_STREAMS; i++) lp_forecast_free(forecasts[i]);
     for (int i = 0; i <= MAX_ADAPTERS; i++) lp_adapter_free(adapters[i]);
     lp_model_free(model);
     free(file_text);
     free(adapters_copy);
     free(suffix_copy);
     free(temps_copy);
+    free(forecast_copy);
     return rc;
 }

@@ -93,6 +93,8 @@ void lp_sampler_free(lp_sampler *s) {
     free(s);
 }
 
+lp_sampler_params lp_sampler_get_params(const lp_sampler *s) { return s->params; }
+
 void lp_sampler_reset(lp_sampler *s, uint64_t seed) {
     s->params.seed = seed;
     lp_rng_seed(&s->rng, seed);

@@ -345,17 +345,30 @@ static int accept_table_for(lp_engine *e, uint64_t adapter_id, const lp_forecast
     return lru;
 }
 
-/* Speculation settings a request may carry. Sampling is allowed with the
- * request's own sampler: spec_after draws each token from the node's exact
- * logits in order, one draw per token as plain decoding does, so the output
- * is the plain sampler's token for token for a seed. A borrowed sampler is
- * shared with other requests, whose draws would interleave differently. */
+static bool greedy(const lp_sampler *s) { return lp_sampler_get_params(s).temperature <= 0.0f; }
+
+/* A borrowed sampler another unfinished request uses, where either of the
+ * two speculates and the sampler draws: speculation draws several tokens
+ * of one request in one step, so the two requests' draws would interleave
+ * differently from plain decoding. */
+static int shared_sampler(const lp_engine *e, const lp_request *q, lp_error *err) {
+    if (!q->sampler || greedy(q->sampler)) return 0;
+    for (int i = 0; i < e->n_req; i++) {
+        const request *o = &e->req[i];
+        if (o->used && o->state != REQ_DONE && o->sampler == q->sampler && (o->speculating || q->speculate))
+            return lp_error_set(err, LP_ERR_INVALID,
+                                "a sampling sampler is shared with request %d and one of the two decodes "
+                                "speculatively: give each its own sampler", i);
+    }
+    return 0;
+}
+
+/* Speculation settings a request may carry. Sampling is allowed with a
+ * sampler of its own (shared_sampler): spec_after draws each token from
+ * the node's exact logits in order, one draw per token as plain decoding
+ * does, so the output is the plain sampler's token for token for a seed. */
 static int check_speculate(const lp_engine *e, const lp_request *q, lp_error *err) {
     const lp_speculate *sp = q->speculate;
-    if (q->sampler)
-        return lp_error_set(err, LP_ERR_INVALID,
-                            "speculative decoding needs the request's own sampler (a borrowed sampler's draws "
-                            "would interleave with other requests'): decode it without speculation");
     if (q->token_fn)
         return lp_error_set(err, LP_ERR_INVALID,
                             "log-probabilities (token_fn) are not reported under speculative decoding yet");
@@ -395,6 +408,7 @@ int lp_engine_submit(lp_engine *e, const lp_request *q, lp_error *err) {
                             LP_MAX_TOP_LOGPROBS);
     if (q->first_token >= e->n_vocab)
         return lp_error_set(err, LP_ERR_INVALID, "first_token %d is outside the vocabulary", q->first_token);
+    if (shared_sampler(e, q, err)) return -1;
     int id = new_entry(e, err);
     if (id < 0) return -1;
     request *r = &e->req[id];

@@ -61,6 +61,27 @@ static int stream_tokens(const lp_model *m, const int32_t *prompt, int n_prompt,
     return n_prompt + n;
 }
 
+static void add_spec_stats(lp_spec_stats *sum, const lp_spec_stats *s) {
+    sum->n_passes += s->n_passes;
+    sum->n_generated += s->n_generated;
+    sum->n_drafted += s->n_drafted;
+    sum->n_accepted += s->n_accepted;
+    sum->n_forecast_rows += s->n_forecast_rows;
+    sum->n_tree_rows += s->n_tree_rows;
+}
+
+/* The settings a stream speculates with: the caller's, with the forecast set
+ * bound to the stream's slot where they name none. */
+static lp_speculate stream_speculation(const lp_context *ctx, const lp_speculate *base, int slot) {
+    lp_speculate sp = *base;
+    if (!sp.forecast) {
+        sp.forecast = lp_context_slot_forecast(ctx, slot);
+        int k = sp.forecast ? lp_forecast_k(sp.forecast) : 0;
+        if (sp.depth > k) sp.depth = k;
+    }
+    return sp;
+}
+
 int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
                         const lp_stream *specs, int n_streams, const lp_generate_params *params,
                         lp_stream_fn fn, void *user, lp_stream_stats *stream_stats,
@@ -132,6 +153,11 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
         q.drop_kv = i > 0;
         q.fn = to_stream;
         q.user = &R;
+        lp_speculate sp;
+        if (p.speculate) {
+            sp = stream_speculation(ctx, p.speculate, specs[i].adapter);
+            q.speculate = &sp; /* copied by submit */
+        }
         ids[i] = lp_engine_submit(e, &q, err);
         free(toks);
         if (ids[i] < 0) goto done;
@@ -143,6 +169,7 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
     for (;;) {
         int left = lp_engine_step(e, err);
         if (left < 0) goto done;
+        st.steps++;
         if (prefilled) st.decode_steps++;
         if (!prefilled) {
             prefilled = true;
@@ -163,9 +190,14 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
         lp_engine_request_stats(e, ids[i], &rs);
         if (rs.status == LP_ERR_KV_FULL && rc == 0)
             rc = lp_error_set(err, LP_ERR_KV_FULL, "stream %d: the KV cache has no room for it", i);
+        lp_spec_stats sp = {0};
+        lp_engine_request_spec_stats(e, ids[i], &sp);
         if (i == 0) st.n_reused = rs.n_reused;
         st.n_generated += rs.n_generated;
-        if (stream_stats) stream_stats[i] = (lp_stream_stats){rs.n_generated, rs.stop_reason};
+        add_spec_stats(&st.spec, &sp);
+        if (stream_stats)
+            stream_stats[i] = (lp_stream_stats){.n_generated = rs.n_generated, .stop_reason = rs.stop_reason,
+                                                .spec = sp};
     }
     {
         lp_request_stats rs;
@@ -197,7 +229,7 @@ int lp_generate(lp_context *ctx, lp_sampler *sampler, const int32_t *prompt, int
                 const lp_generate_params *params, lp_text_fn fn, void *user,
                 lp_generate_stats *stats, lp_error *err) {
     lp_generate_params p = params ? *params : lp_generate_default_params();
-    lp_stream one = {NULL, p.prefix_adapter, sampler, -1};
+    lp_stream one = {.adapter = p.prefix_adapter, .sampler = sampler, .first_token = -1};
     p.seed_top = 0;
     single_text t = {fn, user};
     return lp_generate_streams(ctx, prompt, n_prompt, &one, 1, &p, forward_text, &t, NULL, stats,

@@ -272,9 +272,22 @@ int lp_context_bind_adapter(lp_context *ctx, int slot, const lp_adapter *a, lp_e
     if (a && a->max_rank > ctx->max_rank)
         return lp_fail(err, "adapter '%s' has rank %d; this context allows up to %d "
                        "(max_adapter_rank)", a->name, a->max_rank, ctx->max_rank);
+    if (ctx->slots[slot].adapter != a) ctx->slots[slot].forecast = NULL;
     ctx->slots[slot].tag = a ? a->tag : 0;
     ctx->slots[slot].adapter = a;
     return 0;
+}
+
+int lp_context_bind_forecast(lp_context *ctx, int slot, const lp_forecast *f, lp_error *err) {
+    if (slot < 0 || slot > ctx->params.max_adapters)
+        return lp_fail(err, "forecast slot %d out of range (0..%d)", slot, ctx->params.max_adapters);
+    if (f && lp_forecast_check(f, ctx->model, err)) return -1;
+    ctx->slots[slot].forecast = f;
+    return 0;
+}
+
+const lp_forecast *lp_context_slot_forecast(const lp_context *ctx, int slot) {
+    return slot >= 0 && slot <= ctx->params.max_adapters ? ctx->slots[slot].forecast : NULL;
 }
 
 int lp_context_bind_profile(lp_context *ctx, const lp_profile *p, lp_error *err) {

@@ -34,6 +34,7 @@ typedef struct lp_seq {
 typedef struct lp_slot {
     const lp_adapter *adapter;
     uint64_t tag;
+    const lp_forecast *forecast; /* lp_context_bind_forecast (the runtime only keeps it) */
 } lp_slot;
 
 /* The plan: every scratch buffer of a context is a named, shaped view into
