@@ -239,6 +239,13 @@ void lp_context_set_abort(lp_context *ctx, bool (*fn)(void *user), void *user);
  * row `token` of it instead of a token embedding. data NULL unbinds. */
 int lp_context_bind_embeddings(lp_context *ctx, int k, const float *data, int n_rows,
                                lp_error *err);
+/* A KV prefix for the rows of embedding table k: in every layer they also
+ * attend to n extra entries no other row sees (DS2D's forecast prefix).
+ * kv: [n_layers][2][n][n_kv_heads * head_dim] floats, each layer's keys
+ * (roped at positions 0..n-1) then its values; it must outlive the binding;
+ * n 0..LP_MAX_KV_PREFIX (0 or kv NULL: none). Unbinding the table keeps it. */
+#define LP_MAX_KV_PREFIX 64
+int lp_context_bind_kv_prefix(lp_context *ctx, int k, const float *kv, int n, lp_error *err);
 
 /* Sequences: ids 0..max_sequences-1. */
 int lp_seq_length(const lp_context *ctx, int seq);
@@ -623,6 +630,14 @@ int lp_forecast_corpus_size(const lp_forecast *f);
  * history[0..n-1] in the corpus (the longest context it has seen decides; a
  * single token's must have been seen twice), or -1. */
 int lp_forecast_ngram_next(const lp_forecast *f, const int32_t *history, int n);
+/* A learned KV prefix that only the set's forecast rows attend to, in every
+ * layer, besides their context (lp_context_bind_kv_prefix's layout:
+ * [n_layers][2][n][n_kv_heads * head_dim], keys roped at positions 0..n-1),
+ * copied; n = 0 removes it. Saved files carry it (.lpf version 4). */
+int lp_forecast_set_prefix(lp_forecast *f, const lp_model *model, const float *kv, int n, lp_error *err);
+int lp_forecast_prefix_len(const lp_forecast *f);        /* entries (0: none) */
+const float *lp_forecast_prefix(const lp_forecast *f);    /* NULL: none */
+size_t lp_forecast_prefix_floats(const lp_forecast *f);
 
 #define LP_SPEC_MAX_DEPTH 8
 #define LP_SPEC_MAX_NODES 64

@@ -25,6 +25,7 @@
 #include "formats/le.h"
 #include "formats/lpa.h"
 #include "formats/lpf.h"
+#include "runtime/context.h"
 #include "tools/synth.h"
 
 #define MODEL LP_SHARED_MODELS "/stories260K.gguf"
@@ -903,7 +904,7 @@ static void test_lpf(const lp_model *m, const lp_model *other) {
     MUTATE((void)0, size - 1, "bytes");
     MUTATE(memset(b + size, 0, 8), size + 8, "bytes");
     MUTATE(b[0] = 'X', size, "magic");
-    MUTATE(lp_le_put_u32(b + 4, 4), size, "version");
+    MUTATE(lp_le_put_u32(b + 4, LP_LPF_VERSION + 1), size, "version");
     MUTATE(lp_le_put_u32(b + 4, 0), size, "version");
     MUTATE(b[40] = 1, size, "reserved"); /* version 1: no corpus count */
     MUTATE(lp_le_put_u32(b + 8, 0), size, "out of range");
@@ -977,7 +978,7 @@ static void test_lpf_corpus(const lp_model *m) {
     uint8_t *img = image_of(f, &size);
     int bits = lp_lpf_token_bits((uint32_t)info.n_vocab);
     size_t corpus_at = 64 + (size_t)2 * info.dim * 4, packed = (16 * (size_t)bits + 7) / 8;
-    CHECK(img && size == corpus_at + packed && size == lp_lpf_file_bytes(2, info.dim, 0, info.n_vocab, 16));
+    CHECK(img && size == corpus_at + packed && size == lp_lpf_file_bytes(2, info.dim, 0, info.n_vocab, 16, 0));
     CHECK(img && lp_le_get_u32(img + 4) == 3 && lp_le_get_u32(img + 40) == 16 && lp_le_get_u32(img + 44) == (uint32_t)bits);
     lp_forecast *g = img ? lp_forecast_from_memory(img, size, "corpus.lpf", &err) : NULL;
     CHECK_MSG(g != NULL, "%s", err.message);
@@ -1066,6 +1067,132 @@ static void test_lpf_corpus(const lp_model *m) {
 
 /* ---- a synth model ------------------------------------------------------------------- */
 
+/* ---- the KV prefix: forecast rows alone attend to it --------------------------------------- */
+
+/* A random KV prefix of n entries for m: [layers][2][n][kv_dim]. */
+static float *random_prefix(const lp_model *m, int n, uint64_t seed, size_t *count) {
+    lp_model_info info;
+    lp_model_get_info(m, &info);
+    *count = (size_t)info.n_layers * 2 * (size_t)n * (size_t)(info.n_kv_heads * info.head_dim);
+    float *kv = malloc(*count * sizeof *kv);
+    lp_rng rng;
+    lp_rng_seed(&rng, seed);
+    for (size_t i = 0; kv && i < *count; i++) kv[i] = lp_rng_normal(&rng);
+    return kv;
+}
+
+/* A row of embedding table 1 over a KV prefix equals the same row after a
+ * sequence whose committed KV is that prefix, bit for bit (f32 KV); a token
+ * row's logits do not change when a prefix is bound; the prefix round-trips
+ * through an .lpf file (version 4) and is checked against the model;
+ * speculation with a random prefix stays lossless. */
+static void test_kv_prefix(const lp_model *m, const lp_model *other) {
+    enum { P = 5 };
+    lp_error err;
+    lp_model_info info;
+    lp_model_get_info(m, &info);
+    int kv_dim = info.n_kv_heads * info.head_dim;
+    lp_context_params cp = lp_context_default_params();
+    cp.n_threads = 2, cp.max_rows = 16, cp.max_sequences = 1, cp.n_ctx = 256, cp.max_seq_len = 64, cp.kv_f32 = true;
+    lp_context *a = lp_context_create(m, &cp, &err), *b = lp_context_create(m, &cp, &err);
+    CHECK(a && b);
+    if (!a || !b) return;
+    float *table = malloc((size_t)info.dim * sizeof *table);
+    lp_rng rng;
+    lp_rng_seed(&rng, 9);
+    for (int i = 0; i < info.dim; i++) table[i] = 0.5f * lp_rng_normal(&rng);
+    CHECK(lp_context_bind_embeddings(a, 1, table, 1, &err) == 0 && lp_context_bind_embeddings(b, 1, table, 1, &err) == 0);
+    /* sequence 0 of a: P tokens; their keys and values become b's prefix */
+    lp_row rows[P + 1];
+    const int32_t toks[P] = {1, 403, 89, 17, 250};
+    for (int i = 0; i < P; i++) rows[i] = (lp_row){.token = toks[i], .pos = i, .parent = i - 1, .commit = true};
+    CHECK(lp_forward(a, rows, P, &err) == 0);
+    float *kv = malloc((size_t)info.n_layers * 2 * P * (size_t)kv_dim * sizeof *kv);
+    for (int l = 0; l < info.n_layers; l++) {
+        memcpy(kv + (size_t)l * 2 * P * kv_dim, lp_batch_keys(a, l), (size_t)P * kv_dim * sizeof *kv);
+        memcpy(kv + ((size_t)l * 2 + 1) * P * kv_dim, lp_batch_values(a, l), (size_t)P * kv_dim * sizeof *kv);
+    }
+    lp_row fr = {.token = 0, .embd = 1, .pos = P, .parent = -1, .logits = true};
+    lp_row tr = {.token = 42, .pos = 0, .parent = -1, .logits = true};
+    CHECK(lp_forward(a, &fr, 1, &err) == 0);
+    float *want = malloc((size_t)info.n_vocab * sizeof *want), *plain = malloc((size_t)info.n_vocab * sizeof *plain);
+    memcpy(want, lp_logits(a, 0), (size_t)info.n_vocab * sizeof *want);
+    CHECK(lp_forward(b, &tr, 1, &err) == 0);
+    memcpy(plain, lp_logits(b, 0), (size_t)info.n_vocab * sizeof *plain);
+    CHECK(lp_forward(b, &fr, 1, &err) == 0);
+    CHECK_MSG(max_diff(lp_logits(b, 0), want, info.n_vocab) > 0, "the forecast row does not depend on its context");
+    CHECK_MSG(lp_context_bind_kv_prefix(b, 1, kv, P, &err) == 0, "%s", err.message);
+    CHECK(lp_forward(b, &fr, 1, &err) == 0);
+    float d = max_diff(lp_logits(b, 0), want, info.n_vocab);
+    CHECK_MSG(d == 0, "a row over a KV prefix differs from the row after that KV by %g", d);
+    CHECK(lp_forward(b, &tr, 1, &err) == 0);
+    CHECK_MSG(max_diff(lp_logits(b, 0), plain, info.n_vocab) == 0, "a token row saw the KV prefix");
+    err.status = LP_OK;
+    CHECK(lp_context_bind_kv_prefix(b, 1, kv, LP_MAX_KV_PREFIX + 1, &err) < 0 && err.status == LP_ERR_INVALID);
+    CHECK(lp_context_bind_kv_prefix(b, 9, kv, P, &err) < 0);
+
+    /* the file */
+    lp_forecast *f = random_forecast(m, 3, 31, 0.5f);
+    CHECK(lp_forecast_set_prefix(f, m, kv, P, &err) == 0 && lp_forecast_prefix_len(f) == P);
+    size_t size = 0;
+    uint8_t *img = image_of(f, &size);
+    CHECK(img && lp_le_get_u32(img + 4) == 4 && size == lp_lpf_file_bytes(3, info.dim, 0, info.n_vocab, 0,
+                                                                           (size_t)info.n_layers * 2 * P * kv_dim));
+    lp_forecast *g = img ? lp_forecast_from_memory(img, size, "prefix.lpf", &err) : NULL;
+    CHECK_MSG(g && lp_forecast_prefix_len(g) == P && lp_forecast_check(g, m, &err) == 0 &&
+                  memcmp(lp_forecast_prefix(g), kv, lp_forecast_prefix_floats(g) * sizeof(float)) == 0,
+              "prefix round trip: %s", err.message);
+    lp_forecast_free(g);
+    if (img) {
+        uint8_t *bad = malloc(size);
+        memcpy(bad, img, size);
+        lp_le_put_u32(bad + 48, 0); /* version 4 without entries */
+        CHECK(!lp_forecast_from_memory(bad, size, "p0.lpf", &err) && strstr(err.message, "KV prefix"));
+        memcpy(bad, img, size);
+        lp_le_put_u32(bad + 52, (uint32_t)info.n_layers + 1); /* a size that no longer adds up */
+        CHECK(!lp_forecast_from_memory(bad, size, "p1.lpf", &err) && strstr(err.message, "p1.lpf"));
+        memcpy(bad, img, size);
+        lp_le_put_f32(bad + 64 + (size_t)3 * info.dim * 4, NAN);
+        lp_le_put_u64(bad + 32, lp_lpa_hash(LP_LPA_HASH_SEED, bad + 64, size - 64));
+        CHECK(!lp_forecast_from_memory(bad, size, "p2.lpf", &err) && strstr(err.message, "not finite"));
+        free(bad);
+    }
+    free(img);
+    if (other) {
+        lp_model_info oi;
+        lp_model_get_info(other, &oi);
+        /* a prefix shaped for another model */
+        lp_forecast *h = random_forecast(m, 2, 3, 0.5f);
+        size_t n_other;
+        float *okv = random_prefix(other, 2, 4, &n_other);
+        if (oi.dim == info.dim) {
+            CHECK(lp_forecast_set_prefix(h, other, okv, 2, &err) == 0);
+            CHECK(lp_forecast_check(h, m, &err) != 0 && err.status == LP_ERR_FORMAT);
+        }
+        free(okv);
+        lp_forecast_free(h);
+    }
+    lp_context_free(a);
+    lp_context_free(b);
+
+    /* speculation with a random prefix: the plain output */
+    size_t count;
+    float *rkv = random_prefix(m, 8, 5, &count);
+    CHECK(lp_forecast_set_prefix(f, m, rkv, 8, &err) == 0);
+    free(rkv);
+    lp_speculate sp[2] = {lp_speculate_default(), lp_speculate_default()};
+    const char *names[2] = {"prefix [3,2]", "prefix chain 3 + lookup"};
+    sp[0].forecast = f, sp[0].depth = 2, sp[0].branches[0] = 3, sp[0].branches[1] = 2;
+    sp[1].forecast = f, sp[1].depth = 3, sp[1].branches[0] = sp[1].branches[1] = sp[1].branches[2] = 1;
+    sp[1].lookup_ngram = 2, sp[1].lookup_len = 6;
+    compare_all(m, NULL, sp, 2, names, "KV prefix", 48);
+    lp_forecast_free(f);
+    free(kv);
+    free(table);
+    free(want);
+    free(plain);
+}
+
 static lp_model *synth_model(char *path) {
     lp_error err;
     lp_synth_params p;
@@ -1134,6 +1261,7 @@ int main(void) {
     test_lookup_copy();
     test_mixed(m, lora, half);
     test_generate_bound(m, s, lora, half);
+    test_kv_prefix(m, s);
     test_preempt(m);
     test_tight(m);
     test_repeat_penalty(m);

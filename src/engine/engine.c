@@ -182,6 +182,12 @@ static void request_clear(request *r) {
     memset(r, 0, sizeof *r);
 }
 
+/* Table t's embeddings and KV prefix are forecast set f's (NULL: none). */
+static int bind_table(lp_engine *e, int t, const lp_forecast *f) {
+    return lp_context_bind_embeddings(e->ctx, t, f ? lp_forecast_data(f) : NULL, f ? lp_forecast_k(f) : 0, NULL) ||
+           lp_context_bind_kv_prefix(e->ctx, t, lp_forecast_prefix(f), lp_forecast_prefix_len(f), NULL);
+}
+
 void lp_engine_free(lp_engine *e) {
     if (!e) return;
     for (int i = 0; i < e->n_req; i++) {
@@ -190,7 +196,7 @@ void lp_engine_free(lp_engine *e) {
         request_clear(r);
     }
     for (int t = 1; e->table_of && t <= e->n_tables; t++)
-        if (e->table_of[t]) lp_context_bind_embeddings(e->ctx, t, NULL, 0, NULL);
+        if (e->table_of[t]) bind_table(e, t, NULL);
     free(e->table_of);
     free(e->req);
     free(e->running);
@@ -644,7 +650,7 @@ static void release_table(lp_engine *e, request *r) {
     }
     for (int t = 1; t <= e->n_tables; t++)
         if (e->table_of[t] == r->sp.forecast) {
-            lp_context_bind_embeddings(e->ctx, t, NULL, 0, NULL);
+            bind_table(e, t, NULL);
             e->table_of[t] = NULL;
         }
     r->table = 0;
@@ -867,7 +873,7 @@ static int table_for(lp_engine *e, request *r) {
         if (!busy) free_t = t;
     }
     if (!free_t) return 0;
-    if (lp_context_bind_embeddings(e->ctx, free_t, lp_forecast_data(f), lp_forecast_k(f), NULL) != 0) return 0;
+    if (bind_table(e, free_t, f) != 0) return 0;
     e->table_of[free_t] = f;
     return free_t;
 }

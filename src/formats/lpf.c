@@ -22,6 +22,8 @@ struct lp_forecast {
     uint64_t fingerprint;
     char name[LP_LPF_NAME_BYTES];
     float *data;      /* [k][dim] */
+    float *prefix;    /* [n_layers][2][n_prefix][kv_dim] KV prefix (NULL: none) */
+    int n_prefix, n_layers, kv_dim;
     int32_t *corpus;  /* [n_corpus] token ids, -1 between sequences (NULL: none) */
     int n_corpus;
     ngram *table;     /* [n_table] sorted by (g, ctx): one entry per context */
@@ -31,6 +33,7 @@ struct lp_forecast {
 void lp_forecast_free(lp_forecast *f) {
     if (!f) return;
     free(f->data);
+    free(f->prefix);
     free(f->corpus);
     free(f->table);
     free(f);
@@ -164,9 +167,10 @@ int lp_lpf_token_bits(uint32_t n_vocab) {
 
 static size_t corpus_bytes(size_t n, int bits) { return (n * (size_t)bits + 7) / 8; }
 
-size_t lp_lpf_file_bytes(int k, int dim, size_t name_len, int n_vocab, size_t n_corpus) {
+size_t lp_lpf_file_bytes(int k, int dim, size_t name_len, int n_vocab, size_t n_corpus, size_t prefix_floats) {
     size_t corpus = n_corpus ? corpus_bytes(n_corpus, lp_lpf_token_bits((uint32_t)n_vocab)) : 0;
-    return LP_LPF_HEADER_BYTES + name_padded(name_len) + (size_t)k * (size_t)dim * sizeof(float) + corpus;
+    return LP_LPF_HEADER_BYTES + name_padded(name_len) + ((size_t)k * (size_t)dim + prefix_floats) * sizeof(float) +
+           corpus;
 }
 
 /* Token i of a corpus packed at `bits` bits, least significant bit first. */
@@ -206,6 +210,30 @@ static int parse_corpus(lp_forecast *f, const uint8_t *p, size_t n_bytes, int n,
     return 0;
 }
 
+static size_t prefix_floats_of(int n, int n_layers, int kv_dim) {
+    return (size_t)n_layers * 2 * (size_t)n * (size_t)kv_dim;
+}
+
+/* The KV prefix section (sizes checked by the caller) into f. */
+static int read_prefix(lp_forecast *f, const uint8_t *p, int n, int n_layers, int kv_dim, const char *what,
+                       lp_error *err) {
+    size_t count = prefix_floats_of(n, n_layers, kv_dim);
+    float *kv = malloc(count * sizeof *kv);
+    if (!kv) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for a KV prefix of %zu floats", what, count);
+    for (size_t i = 0; i < count; i++) {
+        kv[i] = lp_le_get_f32(p + 4 * i);
+        if (!isfinite(kv[i])) {
+            free(kv);
+            return lp_error_set(err, LP_ERR_FORMAT, "%s: KV prefix element %zu is not finite", what, i);
+        }
+    }
+    f->prefix = kv;
+    f->n_prefix = n;
+    f->n_layers = n_layers;
+    f->kv_dim = kv_dim;
+    return 0;
+}
+
 lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_error *err) {
     if (!what) what = "forecast file";
     if (!p || size < LP_LPF_HEADER_BYTES) {
@@ -232,9 +260,9 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
         return NULL;
     }
     int bits = version == 2 ? 32 : 0;
-    if (version == 3) {
+    if (version >= 3) {
         uint32_t b = lp_le_get_u32(p + 44);
-        bits = lp_lpf_token_bits(n_vocab);
+        bits = n_corpus || version == 3 ? lp_lpf_token_bits(n_vocab) : 0;
         if (b != (uint32_t)bits) {
             lp_error_set(err, LP_ERR_FORMAT, "%s: corpus tokens of %u bits (a vocabulary of %u takes %d)", what, b,
                          n_vocab, bits);
@@ -251,23 +279,35 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
                      LP_LPF_NAME_BYTES - 1);
         return NULL;
     }
-    for (int i = version == 3 ? 48 : version == 2 ? 44 : 40; i < LP_LPF_HEADER_BYTES; i++)
+    uint32_t n_prefix = 0, n_layers = 0, kv_dim = 0;
+    if (version == 4) {
+        n_prefix = lp_le_get_u32(p + 48), n_layers = lp_le_get_u32(p + 52), kv_dim = lp_le_get_u32(p + 56);
+        if (n_prefix < 1 || n_prefix > LP_MAX_KV_PREFIX || n_layers < 1 || n_layers > LP_LPF_MAX_LAYERS ||
+            kv_dim < 1 || kv_dim > LP_LPF_MAX_DIM) {
+            lp_error_set(err, LP_ERR_FORMAT, "%s: a KV prefix of %u entries, %u layers, width %u (1..%d, 1..%d, "
+                         "1..%d)", what, n_prefix, n_layers, kv_dim, LP_MAX_KV_PREFIX, LP_LPF_MAX_LAYERS,
+                         LP_LPF_MAX_DIM);
+            return NULL;
+        }
+    }
+    for (int i = version == 4 ? 60 : version == 3 ? 48 : version == 2 ? 44 : 40; i < LP_LPF_HEADER_BYTES; i++)
         if (p[i]) {
             lp_error_set(err, LP_ERR_FORMAT, "%s: reserved header byte %d is not zero", what, i);
             return NULL;
         }
     /* sizes: all small by the checks above, still computed with overflow checks */
-    size_t data_off = LP_LPF_HEADER_BYTES + name_padded(name_len), data_bytes, total, hashed;
+    size_t data_off = LP_LPF_HEADER_BYTES + name_padded(name_len), data_bytes, total, hashed, prefix_floats;
     size_t packed = n_corpus ? corpus_bytes(n_corpus, bits) : 0;
-    if (!lp_mul_ok((size_t)k * dim, sizeof(float), &data_bytes) || !lp_add_ok(data_bytes, packed, &hashed) ||
-        !lp_add_ok(data_off, hashed, &total)) {
+    if (!lp_mul_ok((size_t)n_layers * 2 * n_prefix, kv_dim, &prefix_floats) ||
+        !lp_add_ok((size_t)k * dim, prefix_floats, &data_bytes) || !lp_mul_ok(data_bytes, sizeof(float), &data_bytes) ||
+        !lp_add_ok(data_bytes, packed, &hashed) || !lp_add_ok(data_off, hashed, &total)) {
         lp_error_set(err, LP_ERR_FORMAT, "%s: size overflows", what);
         return NULL;
     }
     if (size != total) {
         lp_error_set(err, LP_ERR_FORMAT,
-                     "%s: %zu bytes, but a forecast file of %u x %u with a %u-byte name and %u corpus tokens has %zu",
-                     what, size, k, dim, name_len, n_corpus, total);
+                     "%s: %zu bytes, but a forecast file of %u x %u with a %u-byte name, %u corpus tokens and a KV "
+                     "prefix of %zu floats has %zu", what, size, k, dim, name_len, n_corpus, prefix_floats, total);
         return NULL;
     }
     const uint8_t *name = p + LP_LPF_HEADER_BYTES;
@@ -299,6 +339,11 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
             return NULL;
         }
         f->data[i] = v;
+    }
+    if (prefix_floats && read_prefix(f, p + data_off + (size_t)k * dim * sizeof(float), (int)n_prefix, (int)n_layers,
+                                     (int)kv_dim, what, err)) {
+        lp_forecast_free(f);
+        return NULL;
     }
     if (n_corpus && parse_corpus(f, p + data_off + data_bytes, packed, (int)n_corpus, bits, what, err)) {
         lp_forecast_free(f);
@@ -361,12 +406,14 @@ lp_forecast *lp_forecast_create(const lp_model *model, int k, const float *embd,
 int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err) {
     if (!f || !path) return lp_error_set(err, LP_ERR_INVALID, "lp_forecast_save needs a forecast set and a path");
     size_t nl = strlen(f->name), off = LP_LPF_HEADER_BYTES + name_padded(nl);
-    size_t data_bytes = (size_t)f->k * (size_t)f->dim * sizeof(float);
-    size_t total = lp_lpf_file_bytes(f->k, f->dim, nl, f->n_vocab, (size_t)f->n_corpus);
+    size_t prefix_floats = lp_forecast_prefix_floats(f);
+    size_t data_bytes = ((size_t)f->k * (size_t)f->dim + prefix_floats) * sizeof(float);
+    size_t total = lp_lpf_file_bytes(f->k, f->dim, nl, f->n_vocab, (size_t)f->n_corpus, prefix_floats);
     uint8_t *buf = calloc(1, total);
     if (!buf) return lp_error_set(err, LP_ERR_NOMEM, "out of memory writing %s", path);
     memcpy(buf, LP_LPF_MAGIC, 4);
-    lp_le_put_u32(buf + 4, f->n_corpus ? 3 : 1); /* readers of version 1 keep reading sets without a corpus */
+    /* the oldest version that holds the set: older readers keep reading what they can */
+    lp_le_put_u32(buf + 4, f->n_prefix ? 4 : f->n_corpus ? 3 : 1);
     lp_le_put_u32(buf + 8, (uint32_t)f->dim);
     lp_le_put_u32(buf + 12, (uint32_t)f->k);
     lp_le_put_u32(buf + 16, (uint32_t)f->n_vocab);
@@ -374,6 +421,13 @@ int lp_forecast_save(const lp_forecast *f, const char *path, lp_error *err) {
     lp_le_put_u64(buf + 24, f->fingerprint);
     memcpy(buf + LP_LPF_HEADER_BYTES, f->name, nl);
     for (size_t i = 0; i < (size_t)f->k * (size_t)f->dim; i++) lp_le_put_f32(buf + off + 4 * i, f->data[i]);
+    if (f->n_prefix) {
+        lp_le_put_u32(buf + 48, (uint32_t)f->n_prefix);
+        lp_le_put_u32(buf + 52, (uint32_t)f->n_layers);
+        lp_le_put_u32(buf + 56, (uint32_t)f->kv_dim);
+        uint8_t *at = buf + off + (size_t)f->k * (size_t)f->dim * sizeof(float);
+        for (size_t i = 0; i < prefix_floats; i++) lp_le_put_f32(at + 4 * i, f->prefix[i]);
+    }
     if (f->n_corpus) {
         int bits = lp_lpf_token_bits((uint32_t)f->n_vocab);
         lp_le_put_u32(buf + 40, (uint32_t)f->n_corpus);
@@ -406,6 +460,9 @@ int lp_forecast_check(const lp_forecast *f, const lp_model *model, lp_error *err
     if (f->n_vocab && f->n_vocab != info.n_vocab)
         return lp_error_set(err, LP_ERR_FORMAT, "forecast embeddings were made for a vocabulary of %d, the model has %d",
                             f->n_vocab, info.n_vocab);
+    if (f->n_prefix && (f->n_layers != info.n_layers || f->kv_dim != info.n_kv_heads * info.head_dim))
+        return lp_error_set(err, LP_ERR_FORMAT, "the forecast set's KV prefix is for %d layers of width %d, the model "
+                            "has %d of %d", f->n_layers, f->kv_dim, info.n_layers, info.n_kv_heads * info.head_dim);
     if (f->fingerprint && f->fingerprint != lp_model_fingerprint(model))
         return lp_error_set(err, LP_ERR_FORMAT, "forecast embeddings were made for another base (fingerprint differs)");
     return 0;
@@ -415,3 +472,31 @@ int lp_forecast_k(const lp_forecast *f) { return f ? f->k : 0; }
 int lp_forecast_dim(const lp_forecast *f) { return f ? f->dim : 0; }
 const float *lp_forecast_data(const lp_forecast *f) { return f ? f->data : NULL; }
 const char *lp_forecast_adapter_name(const lp_forecast *f) { return f ? f->name : ""; }
+
+size_t lp_forecast_prefix_floats(const lp_forecast *f) {
+    return f ? prefix_floats_of(f->n_prefix, f->n_layers, f->kv_dim) : 0;
+}
+int lp_forecast_prefix_len(const lp_forecast *f) { return f ? f->n_prefix : 0; }
+const float *lp_forecast_prefix(const lp_forecast *f) { return f ? f->prefix : NULL; }
+
+int lp_forecast_set_prefix(lp_forecast *f, const lp_model *model, const float *kv, int n, lp_error *err) {
+    if (!f || !model || n < 0 || n > LP_MAX_KV_PREFIX || (n && !kv))
+        return lp_error_set(err, LP_ERR_INVALID, "lp_forecast_set_prefix needs a set, a model and 0..%d entries",
+                            LP_MAX_KV_PREFIX);
+    lp_model_info info;
+    lp_model_get_info(model, &info);
+    if (info.dim != f->dim) return lp_error_set(err, LP_ERR_INVALID, "the KV prefix's model is not the set's");
+    int kv_dim = info.n_kv_heads * info.head_dim;
+    size_t count = prefix_floats_of(n, info.n_layers, kv_dim);
+    for (size_t i = 0; i < count; i++)
+        if (!isfinite(kv[i])) return lp_error_set(err, LP_ERR_INVALID, "KV prefix element %zu is not finite", i);
+    float *copy = count ? malloc(count * sizeof *copy) : NULL;
+    if (count && !copy) return lp_error_set(err, LP_ERR_NOMEM, "out of memory for a KV prefix of %zu floats", count);
+    if (count) memcpy(copy, kv, count * sizeof *copy);
+    free(f->prefix);
+    f->prefix = copy;
+    f->n_prefix = n;
+    f->n_layers = n ? info.n_layers : 0;
+    f->kv_dim = n ? kv_dim : 0;
+    return 0;
+}

@@ -55,9 +55,10 @@ static void prefetch(const void *p, size_t bytes) {
 }
 
 /* One row and one KV head, for the query heads that share it (grouped-
- * query attention): softmax(q·K/sqrt(d)) V over the sequence's committed
- * entries, block by block, followed by the row's parent chain (nearest
- * first). Each key and value is read once for all those heads. */
+ * query attention): softmax(q·K/sqrt(d)) V over a forecast row's KV prefix
+ * (lp_context_bind_kv_prefix), the sequence's committed entries, block by
+ * block, then the row's parent chain (nearest first). Each key and value is
+ * read once for all those heads. */
 static void attend_group(const attention_task *task, int r, int g, float *scores, int *run_last) {
     lp_context *ctx = task->ctx;
     int layer = task->layer;
@@ -71,8 +72,15 @@ static void attend_group(const attention_task *task, int r, int g, float *scores
     const float *k_batch = ctx->k_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
     const float *k_batch_t = ctx->k_new_t + (size_t)g * (size_t)d * rows;
     const float *v_batch = ctx->v_new + (size_t)layer * rows * kv_dim + (size_t)g * (size_t)d;
-    /* scores of head h0 + i at scores[i * n_all ...]: committed, then chain */
-    int n_all = s->length + ctx->chain_len[r];
+    /* scores of head h0 + i at scores[i * n_all ...]: the row's KV prefix
+     * (forecast rows), then committed entries, then the chain */
+    int table = ctx->rows[r].embd, n_pre = table > 0 ? ctx->embd_prefix_n[table] : 0;
+    const float *pre = n_pre ? ctx->embd_prefix[table] + (size_t)layer * 2 * (size_t)n_pre * kv_dim : NULL;
+    int n_all = n_pre + s->length + ctx->chain_len[r];
+    for (int i = 0; i < n_pre; i++)
+        ctx->kern.attn_scores(q, d, per, pre + (size_t)i * kv_dim + (size_t)g * (size_t)d, false, 1, 1, d, scale,
+                              scores + i, n_all);
+    float *tail = scores + n_pre; /* committed entries, then the chain */
     int bt = kv->block_tokens;
     size_t block_bytes = (size_t)bt * (size_t)d * kv->elem_bytes;
     for (int t = 0; t < s->length; t += bt) {
@@ -80,23 +88,23 @@ static void attend_group(const attention_task *task, int r, int g, float *scores
         const void *kt = lp_kv_keys(kv, s->blocks[t / bt], layer, g);
         if (t + bt < s->length) prefetch(lp_kv_keys(kv, s->blocks[t / bt + 1], layer, g), block_bytes);
         prefetch(lp_kv_value(kv, s->blocks[t / bt], layer, g, 0), (size_t)nk * (size_t)d * kv->elem_bytes);
-        ctx->kern.attn_scores(q, d, per, kt, kv->f16, bt, nk, d, scale, scores + t, n_all);
+        ctx->kern.attn_scores(q, d, per, kt, kv->f16, bt, nk, d, scale, tail + t, n_all);
     }
     /* The chain in position order, as the entries would be once committed,
      * in runs of consecutive rows (a prefill chain is one run) from the
      * nearest run back: so a row's terms come in one order whether its
      * parents are in the cache or in the batch (a speculative tree's rows
      * equal plain decoding bit for bit) */
-    int n = n_all, n_runs = 0;
+    int n = n_all - n_pre, n_runs = 0;
     for (int a = r; a >= 0;) {
         int len = ctx->run_len[a], first = a - len + 1;
         n -= len;
         /* one key is its own transpose (k_new_t is filled only for batches
          * with longer runs) */
         if (len == 1)
-            ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, false, 1, 1, d, scale, scores + n, n_all);
+            ctx->kern.attn_scores(q, d, per, k_batch + (size_t)a * kv_dim, false, 1, 1, d, scale, tail + n, n_all);
         else
-            ctx->kern.attn_scores(q, d, per, k_batch_t + first, false, (int64_t)rows, len, d, scale, scores + n,
+            ctx->kern.attn_scores(q, d, per, k_batch_t + first, false, (int64_t)rows, len, d, scale, tail + n,
                                   n_all);
         run_last[n_runs++] = a;
         a = ctx->rows[first].parent;
@@ -105,16 +113,19 @@ static void attend_group(const attention_task *task, int r, int g, float *scores
 
     float *out = task->out + (size_t)r * (size_t)task->out_stride + (size_t)h0 * (size_t)d;
     memset(out, 0, (size_t)per * (size_t)d * sizeof(float));
+    if (n_pre)
+        ctx->kern.attn_mix(out, d, per, scores, n_all, pre + (size_t)n_pre * kv_dim + (size_t)g * (size_t)d, false,
+                           (int64_t)kv_dim, n_pre, d);
     for (int t = 0; t < s->length; t += bt) {
         int nk = s->length - t < bt ? s->length - t : bt;
         const void *v = lp_kv_value(kv, s->blocks[t / bt], layer, g, 0);
-        ctx->kern.attn_mix(out, d, per, scores + t, n_all, v, kv->f16, d, nk, d);
+        ctx->kern.attn_mix(out, d, per, tail + t, n_all, v, kv->f16, d, nk, d);
     }
     /* the runs farthest first */
     n = s->length;
     for (int k = n_runs - 1; k >= 0; k--) {
         int len = ctx->run_len[run_last[k]], first = run_last[k] - len + 1;
-        ctx->kern.attn_mix(out, d, per, scores + n, n_all, v_batch + (size_t)first * kv_dim, false, (int64_t)kv_dim,
+        ctx->kern.attn_mix(out, d, per, tail + n, n_all, v_batch + (size_t)first * kv_dim, false, (int64_t)kv_dim,
                            len, d);
         n += len;
     }
@@ -158,11 +169,7 @@ bool lp_attention_parallel(const lp_context *ctx) {
 static void attention_worker(void *arg, int thread, int n_threads) {
     attention_task *task = arg;
     lp_context *ctx = task->ctx;
-    const lp_hparams *hp = &ctx->model->hp;
-    int n_kv = hp->n_kv_heads;
-    size_t per_thread = ((size_t)ctx->params.max_seq_len + (size_t)ctx->params.max_rows) *
-                        (size_t)(hp->n_heads / n_kv);
-    float *scores = ctx->scores + (size_t)thread * per_thread;
+    float *scores = ctx->scores + (size_t)thread * ctx->score_len;
     int *run_last = ctx->run_last + (size_t)thread * (size_t)ctx->params.max_rows;
     /* KV head major: the rows of one head follow each other on one thread,
      * so streams sharing a prompt read its keys and values from memory

@@ -142,7 +142,9 @@ static void plan_runtime(lp_context *ctx, lp_plan *p) {
     lp_plan_add(p, "commit_slot", &ctx->commit_slot, rows, 1, i);
 
     /* one row's scores for the query heads of one KV head, per thread */
-    size_t score_len = ((size_t)cp->max_seq_len + rows) * (size_t)(hp->n_heads / hp->n_kv_heads);
+    size_t prefix = cp->max_embd_tables > 0 ? LP_MAX_KV_PREFIX : 0;
+    size_t score_len = ((size_t)cp->max_seq_len + rows + prefix) * (size_t)(hp->n_heads / hp->n_kv_heads);
+    ctx->score_len = score_len;
     lp_plan_add(p, "k_new", &ctx->k_new, (size_t)hp->n_layers * rows, kv_dim, sizeof(float));
     lp_plan_add(p, "v_new", &ctx->v_new, (size_t)hp->n_layers * rows, kv_dim, sizeof(float));
     lp_plan_add(p, "k_new_t", &ctx->k_new_t, kv_dim, rows, sizeof(float));
@@ -155,6 +157,9 @@ static void plan_runtime(lp_context *ctx, lp_plan *p) {
     lp_plan_add(p, "logit_rows", &ctx->logit_rows, logit_rows, 1, i);
     lp_plan_add_zeroed(p, "embd", &ctx->embd, (size_t)cp->max_embd_tables + 1, 1, sizeof(const float *));
     lp_plan_add_zeroed(p, "embd_rows", &ctx->embd_rows, (size_t)cp->max_embd_tables + 1, 1, i);
+    lp_plan_add_zeroed(p, "embd_prefix", &ctx->embd_prefix, (size_t)cp->max_embd_tables + 1, 1,
+                       sizeof(const float *));
+    lp_plan_add_zeroed(p, "embd_prefix_n", &ctx->embd_prefix_n, (size_t)cp->max_embd_tables + 1, 1, i);
 
     /* LoRA: the widest input and output of any adaptable weight; shrunk
      * activations of three weights (q, k, v) of every row at once, outputs
@@ -260,6 +265,15 @@ int lp_context_bind_embeddings(lp_context *ctx, int k, const float *data, int n_
     if (data && n_rows < 1) return lp_fail(err, "embedding table %d: %d rows", k, n_rows);
     ctx->embd[k] = data;
     ctx->embd_rows[k] = data ? n_rows : 0;
+    return 0;
+}
+
+int lp_context_bind_kv_prefix(lp_context *ctx, int k, const float *kv, int n, lp_error *err) {
+    if (k < 1 || k > ctx->params.max_embd_tables)
+        return lp_fail(err, "embedding table %d out of range (1..%d)", k, ctx->params.max_embd_tables);
+    if (n < 0 || n > LP_MAX_KV_PREFIX) return lp_fail(err, "a KV prefix of %d entries (0..%d)", n, LP_MAX_KV_PREFIX);
+    ctx->embd_prefix[k] = n ? kv : NULL;
+    ctx->embd_prefix_n[k] = kv ? n : 0;
     return 0;
 }
 

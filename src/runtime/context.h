@@ -118,7 +118,8 @@ struct lp_context {
     float *v_new;      /* [layers][rows][kv_dim] */
     float *k_new_t;    /* [kv_heads][head_dim][rows] this layer's k_new transposed, for
                         * attention over runs of rows (batch_has_runs) */
-    float *scores;     /* [threads][(max_seq_len + max_rows) * heads per KV head] */
+    float *scores;     /* [threads][score_len]: (KV prefix + max_seq_len + max_rows) x heads per KV head */
+    size_t score_len;
     int *run_last;     /* [threads][rows] last row of each run of a row's chain */
 
     /* output */
@@ -130,6 +131,9 @@ struct lp_context {
     /* embedding tables: slots 1..max_embd_tables, [n][dim] floats each */
     const float **embd;
     int *embd_rows;
+    const float **embd_prefix; /* [max_embd_tables + 1] its rows' KV prefix,
+                                  [layers][2][n][kv_dim] (lp_context_bind_kv_prefix) */
+    int *embd_prefix_n;
 
     bool (*abort_fn)(void *user); /* checked between layers */
     void *abort_user;

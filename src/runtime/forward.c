@@ -103,7 +103,8 @@ int lp_forward(lp_context *ctx, const lp_row *rows, int n_rows, lp_error *err) {
         ctx->run_len[r] = r > 0 && parent == r - 1 ? ctx->run_len[r - 1] + 1 : 1;
         ctx->batch_has_runs |= ctx->run_len[r] > 1;
         ctx->row_tag[r] = ctx->slots[rows[r].adapter].tag;
-        double visible = (double)ctx->seqs[rows[r].seq].length + ctx->chain_len[r];
+        double visible = (double)ctx->seqs[rows[r].seq].length + ctx->chain_len[r] +
+                         (rows[r].embd > 0 ? ctx->embd_prefix_n[rows[r].embd] : 0);
         ctx->attn_cost[r] = (r > 0 ? ctx->attn_cost[r - 1] : 0) + visible;
     }
     /* committed rows' places in the cache, in row order per sequence; their

@@ -82,7 +82,7 @@ static int attach_corpus(lp_forecast *f, const lp_model *base, const teacher *tc
         int from = tch[i].n_prompt > LP_LPF_NGRAM ? tch[i].n_prompt - LP_LPF_NGRAM : 0, need = tch[i].n - from + 1;
         if (len + (size_t)need > total) break;
         if (max_bytes && lp_lpf_file_bytes(lp_forecast_k(f), lp_forecast_dim(f), name_len, info.n_vocab,
-                                           len + (size_t)need) > max_bytes)
+                                           len + (size_t)need, lp_forecast_prefix_floats(f)) > max_bytes)
             break;
         memcpy(c + len, tch[i].ids + from, (size_t)(tch[i].n - from) * sizeof *c);
         len += (size_t)(tch[i].n - from);
