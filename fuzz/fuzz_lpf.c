@@ -1,5 +1,5 @@
-/* Fuzzes the .lpf forecast-embedding reader (src/formats/lpf.c), versions 1,
- * 2 and 3 (with a draft corpus of u32 or bit-packed tokens). The input is tried as is and with its
+/* Fuzzes the .lpf forecast-embedding reader (src/formats/lpf.c), versions 1
+ * to 4 (with a draft corpus of u32 or bit-packed tokens, and a KV prefix). The input is tried as is and with its
  * checksum repaired, so mutations get past it to the size, name, value and
  * corpus checks. */
 #include <stdint.h>
@@ -18,6 +18,8 @@ static void try_parse(const uint8_t *buf, size_t size) {
         const float *d = lp_forecast_data(f);
         volatile float sum = 0;
         for (int i = 0; i < lp_forecast_k(f) * lp_forecast_dim(f); i++) sum += d[i];
+        const float *kv = lp_forecast_prefix(f);
+        for (size_t i = 0; i < lp_forecast_prefix_floats(f); i++) sum += kv[i];
         (void)sum;
         (void)lp_forecast_adapter_name(f)[0];
         /* and the n-gram table built from a draft corpus */

@@ -16,6 +16,8 @@
 #   WORK      scratch folder (default /tmp/loraplex-forecast)
 #   PROMPTS   prompts per task (default 1000: the first of the train split;
 #             train-forecast holds out the last 16 to measure tokens per pass)
+#   PREFIX    entries of a learned KV prefix (default 0: none; with the draft
+#             corpus it measured no gain, docs/speculate.md)
 set -euo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 LP=$(realpath "${LORAPLEX:-$ROOT/build/loraplex}")
@@ -23,6 +25,7 @@ DEMO=$(realpath "${DEMO:-$ROOT/models/demo}")
 WORK=${WORK:-/tmp/loraplex-forecast}
 WORLD_ARGS=${WORLD_ARGS:---seed 1}
 PROMPTS=${PROMPTS:-1000}
+PREFIX=${PREFIX:-0}
 SEED=1
 K=4
 STEPS=200
@@ -44,7 +47,7 @@ fi
 for t in "${tasks[@]}"; do
     head -n "$PROMPTS" "$WORLD/tasks/$t.train.jsonl" >"$WORK/$t.prompts.jsonl"
     "$LP" train-forecast --base "$DEMO/base.gguf" --adapter "$DEMO/adapters/$t.lpa" \
-        --data "$WORK/$t.prompts.jsonl" -k $K --steps $STEPS --eval 16 --tree 3,2 \
+        --data "$WORK/$t.prompts.jsonl" -k $K --prefix "$PREFIX" --steps $STEPS --eval 16 --tree 3,2 \
         -s $SEED -t 1 -o "$DEMO/forecast/$t.lpf" 2>&1 | tee "$DEMO/logs/forecast-$t.log"
 done
 

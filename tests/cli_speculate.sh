@@ -2,7 +2,7 @@
 # `loraplex run --speculate` end to end: forecast-random writes an .lpf;
 # greedy speculative output (random forecasts, prompt lookup, both; with and
 # without an adapter; stop strings; JSON text lines; --streams with one file
-# or one per stream's adapter) is byte for byte the
+# or one per stream's adapter; a KV prefix) is byte for byte the
 # plain output, greedy and sampled (for a seed); -v and --json report the
 # speculation; bad files are refused naming the file; train-forecast (smoke)
 # writes files that speculate exactly as well; bench --speculate on the demo
@@ -77,6 +77,18 @@ for seed in 5 6 7; do
 done
 [ "$s5" != "$s6" ] && [ "$s6" != "$s7" ] && ok || bad "three seeds gave the same sampled text"
 
+# a KV prefix (random; trained below) that forecast rows alone attend to:
+# still the plain output, greedy and sampled
+"$bin" forecast-random --model "$m" -k 3 --prefix 6 --seed 8 -o "$work/p.lpf" 2>/dev/null && [ -s "$work/p.lpf" ] && ok \
+  || bad "forecast-random --prefix"
+for extra in "--temp 0" "--temp 0.8 --seed 3"; do
+  # shellcheck disable=SC2086
+  "$bin" run -m "$m" -p "Tom and his dog" -n 60 -t 1 $extra >"$work/plain" 2>/dev/null
+  # shellcheck disable=SC2086
+  "$bin" run -m "$m" -p "Tom and his dog" -n 60 -t 1 $extra --speculate "$work/p.lpf" --tree 2,2,1 >"$work/spec" 2>/dev/null
+  [ -s "$work/plain" ] && cmp -s "$work/plain" "$work/spec" && ok || bad "KV prefix $extra: output differs"
+done
+
 # refusals: a damaged file, a file for another width, a bad tree
 head -c 100 "$work/r.lpf" >"$work/short.lpf"
 out=$("$bin" run -m "$m" -p "x" -n 5 --temp 0 --speculate "$work/short.lpf" 2>"$work/err"); rc=$?
@@ -114,6 +126,16 @@ ta="--base $m --data $work/prompts.jsonl -k 3 --steps 12 --batch 4 --continue 24
 [ $rc -ne 0 ] && grep -q "not a forecast checkpoint" "$work/err" && ok || bad "other k's checkpoint: rc=$rc"
 "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --stop-after 2 -o "$work/x.lpf" 2>"$work/err"
 rc=$?; [ $rc -eq 2 ] && ok || bad "--stop-after without --checkpoint: rc=$rc"
+
+# --prefix: a learned KV prefix, stored (version 4), lossless
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 2 --prefix 4 --steps 6 --batch 2 --continue 24 \
+  --eval 2 -t 1 -o "$work/tp.lpf" 2>"$work/err" && grep -q "KV prefix 4" "$work/err" \
+  && [ "$(od -An -tu4 -j4 -N4 "$work/tp.lpf" | tr -d ' ')" = 4 ] && ok || { bad "train-forecast --prefix"; cat "$work/err" >&2; }
+"$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 >"$work/plain" 2>/dev/null
+"$bin" run -m "$m" -p "Lily wanted to" -n 60 --temp 0 -t 1 --speculate "$work/tp.lpf" >"$work/spec" 2>/dev/null
+cmp -s "$work/plain" "$work/spec" && ok || bad "trained KV prefix: output differs"
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 2 --prefix 65 -o "$work/x.lpf" 2>"$work/err"
+rc=$?; [ $rc -eq 2 ] && ok || bad "--prefix 65 accepted: rc=$rc"
 
 # --max-size: the draft corpus keeps the first outputs that fit the limit
 "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --steps 2 --batch 2 --continue 24 \

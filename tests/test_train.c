@@ -469,6 +469,16 @@ static void test_export_gguf(lp_threadpool *pool) {
             printf("export (%s): runtime vs trainer logits max diff %.3g\n",
                    tied ? "tied" : "untied", worst);
             CHECK(worst < 1e-4);
+            /* the roped keys and the values of every layer too: a forecast
+             * set's KV prefix is exported from them (lp_train_layer_kv) */
+            double worst_kv = 0;
+            size_t kv_n = (size_t)T * c.n_kv_heads * c.head_dim;
+            for (int l = 0; ctx && l < c.n_layers; l++)
+                for (size_t i = 0; i < kv_n; i++) {
+                    worst_kv = fmax(worst_kv, fabs(lp_batch_keys(ctx, l)[i] - lp_train_layer_kv(m, l, false)[i]));
+                    worst_kv = fmax(worst_kv, fabs(lp_batch_values(ctx, l)[i] - lp_train_layer_kv(m, l, true)[i]));
+                }
+            CHECK_MSG(worst_kv < 1e-5, "runtime vs trainer keys and values differ by %g", worst_kv);
             lp_context_free(ctx);
             lp_model_free(rt);
         }

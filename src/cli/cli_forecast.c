@@ -15,14 +15,28 @@
 
 static void forecast_usage(FILE *out) {
     fprintf(out, "usage: loraplex forecast-random --model M -k K -o F.lpf [--seed S] [--scale X]\n"
-                 "                                [--adapter-name NAME]\n"
+                 "                                [--adapter-name NAME] [--prefix P]\n"
                  "  k random embeddings N(0, X^2) (default X 0.5) of the model's width, recording\n"
-                 "  its fingerprint and vocabulary (and NAME as the adapter they are meant for)\n");
+                 "  its fingerprint and vocabulary (and NAME as the adapter they are meant for);\n"
+                 "  --prefix P adds a random KV prefix of P entries (N(0, 1) keys and values)\n");
+}
+
+static int random_prefix(lp_forecast *f, const lp_model *m, int n, lp_rng *rng, lp_error *err) {
+    if (n == 0) return 0;
+    lp_model_info info;
+    lp_model_get_info(m, &info);
+    size_t count = (size_t)info.n_layers * 2 * (size_t)n * (size_t)(info.n_kv_heads * info.head_dim);
+    float *kv = malloc(count * sizeof *kv);
+    if (!kv) return lp_error_set(err, LP_ERR_NOMEM, "out of memory");
+    for (size_t i = 0; i < count; i++) kv[i] = lp_rng_normal(rng);
+    int rc = lp_forecast_set_prefix(f, m, kv, n, err);
+    free(kv);
+    return rc;
 }
 
 int cli_forecast_random(int argc, char **argv) {
     const char *model_path = NULL, *out_path = NULL, *name = NULL;
-    long k = 4, seed = 1;
+    long k = 4, seed = 1, prefix = 0;
     double scale = 0.5;
     for (int i = 1; i < argc; i++) {
         const char *a = argv[i], *v;
@@ -35,6 +49,7 @@ int cli_forecast_random(int argc, char **argv) {
         else if (!strcmp(a, "-o") || !strcmp(a, "--out")) out_path = v;
         else if (!strcmp(a, "--adapter-name")) name = v;
         else if (!strcmp(a, "-k")) { if (!cli_int(a, v, 1, 64, &k)) return 2; }
+        else if (!strcmp(a, "--prefix")) { if (!cli_int(a, v, 0, LP_MAX_KV_PREFIX, &prefix)) return 2; }
         else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
         else if (!strcmp(a, "--scale")) { if (!cli_float(a, v, 0, 100, &scale)) return 2; }
         else {
@@ -58,7 +73,7 @@ int cli_forecast_random(int argc, char **argv) {
         lp_rng_seed(&rng, (uint64_t)seed);
         for (long i = 0; i < k * info.dim; i++) e[i] = (float)scale * lp_rng_normal(&rng);
         lp_forecast *f = lp_forecast_create(m, (int)k, e, name, &err);
-        if (!f || lp_forecast_save(f, out_path, &err)) {
+        if (!f || random_prefix(f, m, (int)prefix, &rng, &err) || lp_forecast_save(f, out_path, &err)) {
             rc = cli_fail(out_path, &err);
         } else {
             fprintf(stderr, "loraplex: %s: %ld random forecast embeddings of %d (seed %ld, scale %g)\n", out_path, k,
@@ -84,6 +99,8 @@ static void train_forecast_usage(FILE *out) {
             "  --steps N          optimizer steps (default 200)\n"
             "  --batch B          sequences per step (default 8)\n"
             "  --anchors G        forecast groups per sequence (default 8)\n"
+            "  --prefix P         also learn a KV prefix of P entries (0..64, default 0) that only\n"
+            "                     forecast rows attend to, in every layer (stored as keys and values)\n"
             "  --lr X             peak learning rate (default 0.02; warmup, cosine to X/10)\n"
             "  --eval N           hold out the last N prompts to measure tokens per pass before\n"
             "                     and after (default: a tenth, at least 1 when there are 2+)\n"
@@ -168,7 +185,7 @@ bad:
 
 int cli_train_forecast(int argc, char **argv) {
     const char *base_path = NULL, *adapter_spec = NULL, *data = NULL, *out_path = NULL, *tree = NULL;
-    long k = 4, seed = 1, steps = 200, batch = 8, anchors = 8, cont = 48, eval = -1, threads = 0;
+    long k = 4, seed = 1, steps = 200, batch = 8, anchors = 8, cont = 48, eval = -1, threads = 0, prefix = 0;
     double lr = 0.02;
     bool no_corpus = false;
     const char *max_size = NULL, *checkpoint = NULL, *resume = NULL;
@@ -195,6 +212,7 @@ int cli_train_forecast(int argc, char **argv) {
         else if (!strcmp(a, "--checkpoint-every")) { if (!cli_int(a, v, 1, 1000000, &ckpt_every)) return 2; }
         else if (!strcmp(a, "--stop-after")) { if (!cli_int(a, v, 1, 1000000, &stop_after)) return 2; }
         else if (!strcmp(a, "-k")) { if (!cli_int(a, v, 1, LP_SPEC_MAX_DEPTH, &k)) return 2; }
+        else if (!strcmp(a, "--prefix")) { if (!cli_int(a, v, 0, LP_MAX_KV_PREFIX, &prefix)) return 2; }
         else if (!strcmp(a, "-s") || !strcmp(a, "--seed")) { if (!cli_int(a, v, 0, __LONG_MAX__, &seed)) return 2; }
         else if (!strcmp(a, "--steps")) { if (!cli_int(a, v, 1, 1000000, &steps)) return 2; }
         else if (!strcmp(a, "--batch")) { if (!cli_int(a, v, 1, 4096, &batch)) return 2; }
@@ -280,13 +298,13 @@ int cli_train_forecast(int argc, char **argv) {
     }
     lp_forecast_train_params tp = {
         .base = m, .adapter = adapter, .prompts = (const int32_t *const *)prompts, .n_prompt = lens,
-        .n_prompts = n, .n_eval = (int)eval, .k = (int)k, .n_continue = (int)cont, .steps = (int)steps,
+        .n_prompts = n, .n_eval = (int)eval, .k = (int)k, .prefix = (int)prefix, .n_continue = (int)cont, .steps = (int)steps,
         .batch = (int)batch, .anchors = (int)anchors, .lr = (float)lr, .seed = (uint64_t)seed,
         .threads = (int)threads, .eval_tree = eval_tree, .no_corpus = no_corpus, .max_bytes = (size_t)size_limit,
         .checkpoint = checkpoint, .checkpoint_every = (int)ckpt_every, .resume = resume, .stop_after = (int)stop_after,
     };
-    fprintf(stderr, "train-forecast: %d prompts (%ld held out), k %ld, %ld steps of %ld x %ld groups, seed %ld\n", n,
-            eval, k, steps, batch, anchors, seed);
+    fprintf(stderr, "train-forecast: %d prompts (%ld held out), k %ld, KV prefix %ld, %ld steps of %ld x %ld groups, "
+            "seed %ld\n", n, eval, k, prefix, steps, batch, anchors, seed);
     lp_forecast_train_report rep;
     lp_forecast *f = lp_forecast_train(&tp, &rep, &err);
     if (!f || lp_forecast_save(f, out_path, &err)) {

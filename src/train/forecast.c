@@ -104,6 +104,45 @@ static bool same_shape(const lp_train_config *a, const lp_train_config *b) {
            a->n_extra == b->n_extra && a->lora_rank == b->lora_rank && a->lora_targets == b->lora_targets;
 }
 
+/* The forecast set the trainer's extra rows make: k embeddings, and the
+ * keys and values of the P prefix rows in every layer, from a forward of
+ * those rows alone (batch buffers of at least P rows reused). */
+static lp_forecast *make_set(lp_train_model *m, const lp_forecast_train_params *p, const char *name, int32_t *inputs,
+                             int32_t *targets, int32_t *pos, float *mask, uint8_t *visible, lp_error *err) {
+    lp_forecast *f = lp_forecast_create(p->base, p->k, m->w.extra, name, err);
+    int P = p->prefix;
+    if (!f || P == 0) return f;
+    const lp_train_config *c = &m->cfg;
+    for (int i = 0; i < P; i++) {
+        inputs[i] = c->n_vocab + p->k + i;
+        targets[i] = 0;
+        pos[i] = i;
+        mask[i] = 0;
+        for (int j = 0; j < P; j++) visible[(size_t)i * P + j] = j <= i;
+    }
+    lp_train_batch batch = {.B = 1, .T = P, .inputs = inputs, .targets = targets, .mask = mask, .pos = pos,
+                            .visible = visible};
+    size_t kv_dim = (size_t)c->n_kv_heads * (size_t)c->head_dim, per_layer = (size_t)P * kv_dim;
+    float *kv = malloc((size_t)c->n_layers * 2 * per_layer * sizeof *kv);
+    if (!kv || isnan(lp_train_forward(m, &batch, err))) {
+        if (!kv) lp_error_set(err, LP_ERR_NOMEM, "out of memory for a KV prefix");
+        free(kv);
+        lp_forecast_free(f);
+        return NULL;
+    }
+    for (int l = 0; l < c->n_layers; l++) {
+        memcpy(kv + (size_t)l * 2 * per_layer, lp_train_layer_kv(m, l, false), per_layer * sizeof *kv);
+        memcpy(kv + ((size_t)l * 2 + 1) * per_layer, lp_train_layer_kv(m, l, true), per_layer * sizeof *kv);
+    }
+    int rc = lp_forecast_set_prefix(f, p->base, kv, P, err);
+    free(kv);
+    if (rc) {
+        lp_forecast_free(f);
+        return NULL;
+    }
+    return f;
+}
+
 /* Mean tokens per pass of speculative decoding over the held-out prompts. */
 static double eval_acceptance(lp_context *ctx, const lp_forecast_train_params *p, const lp_forecast *f,
                               lp_error *err) {
@@ -136,9 +175,9 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
     if (p.threads <= 0) p.threads = lp_default_threads();
     lp_forecast_train_report rep = {0};
     if (!p.base || p.k < 1 || p.k > LP_SPEC_MAX_DEPTH || p.n_prompts < 1 || p.n_eval < 0 ||
-        p.n_eval >= p.n_prompts) {
-        lp_error_set(err, LP_ERR_INVALID, "train-forecast: k %d (1..%d), %d prompts of which %d held out", p.k,
-                     LP_SPEC_MAX_DEPTH, p.n_prompts, p.n_eval);
+        p.n_eval >= p.n_prompts || p.prefix < 0 || p.prefix > LP_MAX_KV_PREFIX) {
+        lp_error_set(err, LP_ERR_INVALID, "train-forecast: k %d (1..%d), prefix %d (0..%d), %d prompts of which %d "
+                     "held out", p.k, LP_SPEC_MAX_DEPTH, p.prefix, LP_MAX_KV_PREFIX, p.n_prompts, p.n_eval);
         return NULL;
     }
     double t0 = lp_now_seconds();
@@ -171,7 +210,7 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
     /* 2. the trainer: frozen base (and LoRA), k trainable extra rows */
     lp_train_config c;
     if (lp_train_config_from_model(p.base, &c, err) < 0) goto done;
-    c.n_extra = p.k;
+    c.n_extra = p.k + p.prefix;
     if (p.adapter && lp_train_config_from_adapter(p.adapter, &c, err) < 0) goto done;
     lp_adamw_config ac = lp_adamw_default();
     ac.lr = p.lr;
@@ -186,8 +225,8 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
          * frozen base and LoRA from the files given, as for a fresh run */
         if (lp_checkpoint_load(p.resume, &m, &opt, &rng, err) < 0) goto done;
         if (!same_shape(&m->cfg, &c) || m->trainable != LP_TRAIN_EXTRA) {
-            lp_error_set(err, LP_ERR_FORMAT, "%s: not a forecast checkpoint for this base%s and k %d", p.resume,
-                         p.adapter ? " and adapter" : "", p.k);
+            lp_error_set(err, LP_ERR_FORMAT, "%s: not a forecast checkpoint for this base%s, k %d and prefix %d",
+                         p.resume, p.adapter ? " and adapter" : "", p.k, p.prefix);
             goto done;
         }
         if (opt.cfg.lr != ac.lr || opt.cfg.min_lr != ac.min_lr || opt.cfg.warmup != ac.warmup ||
@@ -205,7 +244,8 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
         if (lp_adamw_init(&opt, m, &ac, err) < 0) goto done;
     }
     if (p.adapter && lp_train_lora_from_adapter(m, p.adapter, err) < 0) goto done;
-    int T = max_n + p.anchors * p.k, B = p.batch;
+    /* rows of a training sequence: the teacher's, the anchor groups', the prefix's */
+    int T = max_n + p.anchors * p.k + p.prefix, B = p.batch;
     pool = lp_threadpool_create(p.threads, err);
     if (!pool || lp_train_model_reserve(m, B, T, err) < 0) goto done;
     lp_train_model_set_pool(m, pool);
@@ -221,7 +261,7 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
     }
     /* acceptance before training (the random init) */
     if (p.n_eval > 0 && !p.resume) {
-        probe = lp_forecast_create(p.base, p.k, m->w.extra, NULL, err);
+        probe = make_set(m, &p, NULL, inputs, targets, pos, mask, visible, err);
         if (!probe) goto done;
         rep.eval_tokens_per_pass_before = eval_acceptance(ctx, &p, probe, err);
         lp_forecast_free(probe);
@@ -247,6 +287,12 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
             }
             /* padding rows see themselves only (masked out of the loss) */
             for (int i = s->n; i < T; i++) vis[(size_t)i * T + i] = 1;
+            int pre = T - p.prefix; /* the prefix rows: the last P */
+            for (int i = 0; i < p.prefix; i++) {
+                in[pre + i] = c.n_vocab + p.k + i;
+                ps[pre + i] = i;
+                for (int j = 0; j <= i; j++) vis[(size_t)(pre + i) * T + pre + j] = 1;
+            }
             int t_min = s->n_prompt - 1, t_max = s->n - 3; /* at least the first forecast row has a target */
             if (t_max < t_min) continue;
             for (int g = 0; g < p.anchors; g++) {
@@ -258,6 +304,7 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
                     ps[r] = t + 1 + j;
                     for (int q = 0; q <= t; q++) vis[(size_t)r * T + q] = 1;
                     for (int q = 0; q <= j; q++) vis[(size_t)r * T + base_row + q] = 1;
+                    for (int q = 0; q < p.prefix; q++) vis[(size_t)r * T + pre + q] = 1;
                     if (t + 2 + j < s->n) {
                         tg[r] = s->ids[t + 2 + j];
                         mk[r] = 1;
@@ -287,7 +334,7 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
             break;
         }
     }
-    out = lp_forecast_create(p.base, p.k, m->w.extra, p.adapter ? lp_adapter_name(p.adapter) : NULL, err);
+    out = make_set(m, &p, p.adapter ? lp_adapter_name(p.adapter) : NULL, inputs, targets, pos, mask, visible, err);
     if (out && p.n_eval > 0) {
         rep.eval_tokens_per_pass_embeddings = eval_acceptance(ctx, &p, out, err);
         if (rep.eval_tokens_per_pass_embeddings < 0) goto fail;

@@ -8,7 +8,15 @@
  * token or later): its row j (input: extra embedding j) is at position
  * t + 1 + j, sees x_0..x_t and rows 0..j of its group, and is trained to
  * predict x_{t+2+j} -- in the engine, forecast row j after a node guesses
- * the token j + 1 places after the token that node's own logits give. */
+ * the token j + 1 places after the token that node's own logits give.
+ *
+ * With a KV prefix of P entries, each training row also holds P prefix
+ * rows (inputs: extra embeddings k..k+P-1, positions 0..P-1, seeing only
+ * each other, causally) that every forecast row sees and no teacher row
+ * does. The trained prefix is stored as what the runtime attends to: their
+ * keys and values in every layer (lp_forecast_set_prefix), so a deep
+ * prefix costs the file P x layers x 2 x kv_dim floats and the runtime
+ * nothing but P more attention entries per forecast row. */
 #ifndef LP_TRAIN_FORECAST_H
 #define LP_TRAIN_FORECAST_H
 
@@ -24,6 +32,8 @@ typedef struct lp_forecast_train_params {
     int n_prompts;
     int n_eval;                      /* the last n_eval prompts are held out for evaluation */
     int k;                           /* forecast embeddings, 1..LP_SPEC_MAX_DEPTH */
+    int prefix;                      /* entries of a learned KV prefix only forecast rows
+                                        see, 0..LP_MAX_KV_PREFIX (0: none) */
     int n_continue;                  /* teacher tokens per prompt (default 48) */
     int steps, batch, anchors;       /* default 200, 8, 8 */
     float lr;                        /* default 0.02 */

@@ -297,6 +297,11 @@ const float *lp_train_logits(const lp_train_model *m, int i) {
     return m->acts->logits + (size_t)i * m->cfg.n_vocab;
 }
 
+const float *lp_train_layer_kv(const lp_train_model *m, int l, bool values) {
+    size_t N = (size_t)m->acts->B * (size_t)m->acts->T, kv_dim = (size_t)m->cfg.n_kv_heads * m->cfg.head_dim;
+    return (values ? m->acts->v : m->acts->k) + (size_t)l * N * kv_dim;
+}
+
 double lp_train_last_kl(const lp_train_model *m) { return m->acts ? m->acts->kl : 0.0; }
 
 /* ---- backward ------------------------------------------------------------------- */

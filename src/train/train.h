@@ -161,6 +161,8 @@ typedef struct lp_train_batch {
 double lp_train_forward(lp_train_model *m, const lp_train_batch *b, lp_error *err);
 /* Logits of position i of the last forward: n_vocab floats. */
 const float *lp_train_logits(const lp_train_model *m, int i);
+/* Layer l's roped keys (values: its values) of the last forward, [B*T][kv_dim]. */
+const float *lp_train_layer_kv(const lp_train_model *m, int l, bool values);
 /* Mean KL(teacher || model) over the masked positions of the last forward
  * (0 without a teacher). */
 double lp_train_last_kl(const lp_train_model *m);
