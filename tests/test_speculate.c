@@ -13,6 +13,8 @@
  *   - several speculative requests with different adapters and forecast
  *     sets in one engine == each alone; so are lp_generate_streams' streams
  *     speculating with the sets bound to their slots, and lp_generate;
+ *   - speculative sampling's distribution is plain sampling's (a
+ *     two-sample chi-square over independent seeds);
  *   - the .lpf reader's rejections and the engine's refusals. */
 #include <math.h>
 #include <stdio.h>
@@ -704,6 +706,77 @@ static void test_sampled_equal(const lp_model *m, const lp_adapter *lora) {
     lp_forecast_free(f);
 }
 
+/* The statistical form of the same claim, without shared randomness:
+ * N plain draws (seeds 0..N-1) and N speculative draws (seeds N..2N-1) of
+ * the tokens after a prompt whose continuation prompt lookup drafts, so
+ * accepted drafts carry some of them; a two-sample chi-square over the
+ * tokens at each place (rare tokens pooled) stays below the 0.1 % critical
+ * value. Seeds are fixed, so the test is deterministic. */
+static double chi_square_critical(int df) {
+    /* Wilson-Hilferty, z = 3.09 (alpha 0.001) */
+    double a = 2.0 / (9.0 * df);
+    return df * pow(1.0 - a + 3.09 * sqrt(a), 3);
+}
+
+static void test_sampled_distribution(const lp_model *m) {
+    enum { N = 1200, PLACES = 3 };
+    lp_error err;
+    lp_model_info info;
+    lp_model_get_info(m, &info);
+    lp_speculate s = lp_speculate_default();
+    s.lookup_ngram = 3, s.lookup_len = 6;
+    int *count = calloc((size_t)2 * PLACES * (size_t)info.n_vocab, sizeof *count);
+    lp_context *ctx = make_ctx(m, 1);
+    lp_engine *e = lp_engine_create(ctx, NULL, &err);
+    int64_t accepted = 0;
+    for (int v = 0; v < 2; v++)
+        for (int i = 0; i < N; i++) {
+            result *r = calloc(1, sizeof *r);
+            job j = {"Tom and his dog went to the park. Tom and his dog went to the park. Tom and his dog", NULL,
+                     v ? &s : NULL, PLACES, NULL};
+            lp_request q = make_request(&j, r);
+            q.no_reuse = false; /* the prompt's KV is reused: the same output, faster */
+            q.stop_at_eog = false;
+            q.sampling.temperature = 0.6f, q.sampling.top_k = 0, q.sampling.top_p = 1.0f, q.sampling.min_p = 0;
+            q.sampling.seed = (uint64_t)(v * N + i);
+            int id = lp_engine_submit(e, &q, &err);
+            CHECK_MSG(id >= 0 && lp_engine_run(e, &err) == 0, "%s", err.message);
+            take_result(e, id, r);
+            lp_engine_release(e, id);
+            for (int t = 0; t < r->n && t < PLACES; t++) count[((size_t)v * PLACES + t) * info.n_vocab + r->tokens[t]]++;
+            accepted += r->spec.n_accepted;
+            free(r);
+        }
+    for (int t = 0; t < PLACES; t++) {
+        const int *a = count + (size_t)t * info.n_vocab, *b = count + ((size_t)PLACES + t) * info.n_vocab;
+        double chi = 0;
+        int df = -1, pooled_a = 0, pooled_b = 0;
+        for (int x = 0; x < info.n_vocab; x++) {
+            if (a[x] + b[x] < 10) {
+                pooled_a += a[x], pooled_b += b[x];
+                continue;
+            }
+            chi += (double)(a[x] - b[x]) * (a[x] - b[x]) / (a[x] + b[x]);
+            df++;
+        }
+        if (pooled_a + pooled_b > 0) {
+            chi += (double)(pooled_a - pooled_b) * (pooled_a - pooled_b) / (pooled_a + pooled_b);
+            df++;
+        }
+        printf("sampled distribution, token %d: chi-square %.2f, %d degrees of freedom (critical %.2f)\n", t + 1,
+               chi, df, df > 0 ? chi_square_critical(df) : 0.0);
+        CHECK_MSG(df >= 2, "token %d: too few distinct tokens to test anything", t + 1);
+        CHECK_MSG(df < 1 || chi < chi_square_critical(df),
+                  "token %d: speculative sampling's distribution differs from plain sampling's (chi-square %.2f)",
+                  t + 1, chi);
+    }
+    printf("sampled distribution: %lld drafts accepted\n", (long long)accepted);
+    CHECK_MSG(accepted > N / 20, "only %lld drafts accepted: the test does not exercise the tree", (long long)accepted);
+    lp_engine_free(e);
+    lp_context_free(ctx);
+    free(count);
+}
+
 /* The cost model only changes which candidates are placed, never the
  * output: a flat cost places them all (the same passes as no model), a
  * linear one (r rows cost r) none, one in between some; the measured costs
@@ -1266,6 +1339,7 @@ int main(void) {
     test_tight(m);
     test_repeat_penalty(m);
     test_sampled_equal(m, lora);
+    test_sampled_distribution(m);
     test_cost_model(m, lora);
     test_refusals(m);
     if (s) {
