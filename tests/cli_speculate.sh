@@ -136,6 +136,11 @@ rc=$?; [ $rc -eq 2 ] && ok || bad "--stop-after without --checkpoint: rc=$rc"
 cmp -s "$work/plain" "$work/spec" && ok || bad "trained KV prefix: output differs"
 "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 2 --prefix 65 -o "$work/x.lpf" 2>"$work/err"
 rc=$?; [ $rc -eq 2 ] && ok || bad "--prefix 65 accepted: rc=$rc"
+# the size limit holds the embeddings and the prefix whole
+"$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 2 --prefix 8 --max-size 2000 -o "$work/x.lpf" \
+  2>"$work/err"; rc=$?
+[ $rc -ne 0 ] && grep -q "over the file size limit" "$work/err" && [ ! -e "$work/x.lpf" ] && ok \
+  || { bad "--prefix over --max-size: rc=$rc"; cat "$work/err" >&2; }
 
 # --max-size: the draft corpus keeps the first outputs that fit the limit
 "$bin" train-forecast --base "$m" --data "$work/prompts.jsonl" -k 3 --steps 2 --batch 2 --continue 24 \

@@ -183,6 +183,18 @@ lp_forecast *lp_forecast_train(const lp_forecast_train_params *pin, lp_forecast_
     double t0 = lp_now_seconds();
     lp_model_info info;
     lp_model_get_info(p.base, &info);
+    /* the size limit holds the embeddings and the prefix whole (the corpus
+     * gets what is left) */
+    size_t name_len = p.adapter ? strlen(lp_adapter_name(p.adapter)) : 0;
+    size_t fixed = lp_lpf_file_bytes(p.k, info.dim, name_len, info.n_vocab, 0,
+                                     (size_t)info.n_layers * 2 * (size_t)p.prefix *
+                                         (size_t)(info.n_kv_heads * info.head_dim));
+    if (p.max_bytes && fixed > p.max_bytes) {
+        lp_error_set(err, LP_ERR_INVALID, "train-forecast: %d embeddings and a KV prefix of %d entries take %zu bytes, "
+                     "over the file size limit of %zu (a smaller --prefix or a larger --max-size)", p.k, p.prefix,
+                     fixed, p.max_bytes);
+        return NULL;
+    }
     int max_prompt = 0;
     for (int i = 0; i < p.n_prompts; i++)
         if (p.n_prompt[i] > max_prompt) max_prompt = p.n_prompt[i];
