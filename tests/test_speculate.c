@@ -726,27 +726,39 @@ static void test_sampled_distribution(const lp_model *m) {
     lp_speculate s = lp_speculate_default();
     s.lookup_ngram = 3, s.lookup_len = 6;
     int *count = calloc((size_t)2 * PLACES * (size_t)info.n_vocab, sizeof *count);
-    lp_context *ctx = make_ctx(m, 1);
+    /* requests in batches of BATCH: each has its own seeded sampler, so
+     * its output is what it gives alone, and the steps are 1/BATCH as many */
+    enum { BATCH = 16 };
+    lp_context *ctx = make_ctx(m, BATCH);
     lp_engine *e = lp_engine_create(ctx, NULL, &err);
+    result *res = calloc(BATCH, sizeof *res);
     int64_t accepted = 0;
     for (int v = 0; v < 2; v++)
-        for (int i = 0; i < N; i++) {
-            result *r = calloc(1, sizeof *r);
-            job j = {"Tom and his dog went to the park. Tom and his dog went to the park. Tom and his dog", NULL,
-                     v ? &s : NULL, PLACES, NULL};
-            lp_request q = make_request(&j, r);
-            q.no_reuse = false; /* the prompt's KV is reused: the same output, faster */
-            q.stop_at_eog = false;
-            q.sampling.temperature = 0.6f, q.sampling.top_k = 0, q.sampling.top_p = 1.0f, q.sampling.min_p = 0;
-            q.sampling.seed = (uint64_t)(v * N + i);
-            int id = lp_engine_submit(e, &q, &err);
-            CHECK_MSG(id >= 0 && lp_engine_run(e, &err) == 0, "%s", err.message);
-            take_result(e, id, r);
-            lp_engine_release(e, id);
-            for (int t = 0; t < r->n && t < PLACES; t++) count[((size_t)v * PLACES + t) * info.n_vocab + r->tokens[t]]++;
-            accepted += r->spec.n_accepted;
-            free(r);
+        for (int i0 = 0; i0 < N; i0 += BATCH) {
+            int ids[BATCH], n = N - i0 < BATCH ? N - i0 : BATCH;
+            memset(res, 0, BATCH * sizeof *res);
+            for (int i = 0; i < n; i++) {
+                job j = {"Tom and his dog went to the park. Tom and his dog went to the park. Tom and his dog", NULL,
+                         v ? &s : NULL, PLACES, NULL};
+                lp_request q = make_request(&j, &res[i]);
+                q.no_reuse = false; /* the prompt's KV is reused: the same output, faster */
+                q.stop_at_eog = false;
+                q.sampling.temperature = 0.6f, q.sampling.top_k = 0, q.sampling.top_p = 1.0f, q.sampling.min_p = 0;
+                q.sampling.seed = (uint64_t)(v * N + i0 + i);
+                ids[i] = lp_engine_submit(e, &q, &err);
+                CHECK_MSG(ids[i] >= 0, "%s", err.message);
+            }
+            CHECK_MSG(lp_engine_run(e, &err) == 0, "%s", err.message);
+            for (int i = 0; i < n; i++) {
+                result *r = &res[i];
+                take_result(e, ids[i], r);
+                lp_engine_release(e, ids[i]);
+                for (int t = 0; t < r->n && t < PLACES; t++)
+                    count[((size_t)v * PLACES + t) * info.n_vocab + r->tokens[t]]++;
+                accepted += r->spec.n_accepted;
+            }
         }
+    free(res);
     for (int t = 0; t < PLACES; t++) {
         const int *a = count + (size_t)t * info.n_vocab, *b = count + ((size_t)PLACES + t) * info.n_vocab;
         double chi = 0;
