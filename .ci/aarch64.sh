@@ -35,9 +35,9 @@ export PKG_CONFIG_LIBDIR=/usr/lib/aarch64-linux-gnu/pkgconfig:/usr/share/pkgconf
 # multiarch libc.so.6 hangs in pthread_create.
 export QEMU_LD_PREFIX=/ QEMU_CPU=max
 
-# build_and_test NAME BUILD_DIR TOOLCHAIN_FILE
+# build_and_test NAME BUILD_DIR TOOLCHAIN_FILE [EXCLUDE]
 build_and_test() {
-  local name=$1 build=$2 toolchain=$3
+  local name=$1 build=$2 toolchain=$3 exclude=${4:-}
   echo "== cross build, $name ($build)"
   cmake -S . -B "$build" -DCMAKE_TOOLCHAIN_FILE="$PWD/$toolchain" -DCMAKE_BUILD_TYPE=Release
   cmake --build "$build" -j"$(nproc)"
@@ -47,7 +47,7 @@ build_and_test() {
     { echo "aarch64.sh: $build: not an aarch64 binary" >&2; exit 1; }
   # The whole C test suite runs through CMAKE_CROSSCOMPILING_EMULATOR; the
   # shell tests drive the CLI binary directly and stay on the host build.
-  ctest --test-dir "$build" --output-on-failure -E '^cli_' -j"$(nproc)"
+  ctest --test-dir "$build" --output-on-failure -E "^cli_$exclude" -j"$(nproc)"
   # test_intkernels prints the integer levels it ran; they must include the
   # NEON dotprod kernels and their i8mm (smmla) copy, which -cpu max has.
   # (Output captured first: grep -q closing the pipe early must not fail it.)
@@ -63,7 +63,11 @@ build_and_test() {
 for cc in $COMPILERS; do
   case "$cc" in
   gcc) build_and_test gcc "$BUILD" cmake/aarch64.cmake ;;
-  clang) build_and_test clang "$BUILD_CLANG" cmake/aarch64-clang.cmake ;;
+  # test_speculate (the engine's speculation logic, compiler-independent C
+  # over kernels test_kernels and test_intkernels cover for both compilers)
+  # takes 8-10 minutes under qemu: the gcc pass runs it, the clang pass
+  # leaves it out to keep the whole CI inside its 90 minutes.
+  clang) build_and_test clang "$BUILD_CLANG" cmake/aarch64-clang.cmake '|^test_speculate$' ;;
   *) echo "aarch64.sh: unknown compiler '$cc' in COMPILERS" >&2; exit 1 ;;
   esac
 done
