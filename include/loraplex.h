@@ -680,6 +680,11 @@ typedef struct lp_speculate {
 
 /* forecast NULL, depth 0, prompt lookup off, no cost model. */
 lp_speculate lp_speculate_default(void);
+/* The settings a stream on a slot of ctx speculates with under sp
+ * (lp_generate_params.speculate): sp itself where it names a forecast set,
+ * else sp with the set bound to the slot (lp_context_bind_forecast) and the
+ * depth cut to its k (0 where none is bound). */
+lp_speculate lp_speculate_for_slot(const lp_context *ctx, const lp_speculate *sp, int slot);
 
 /* Times forwards of 1..n rows (a chain after a context of ctx_len tokens, on
  * the context's last sequence, which must be empty and is left empty) and

@@ -320,8 +320,9 @@ static int parse_speculate(const run_options *o, int k, lp_speculate *sp) {
     return 0;
 }
 
-/* The tree a stream runs (f: its forecast set, for the corpus chain). */
-static void tree_text(const lp_speculate *sp, const lp_forecast *f, char *buf, size_t cap) {
+/* The tree a stream runs (lp_speculate_for_slot's settings). */
+static void tree_text(const lp_speculate *sp, char *buf, size_t cap) {
+    const lp_forecast *f = sp->forecast;
     size_t n = 0;
     buf[0] = 0;
     if (sp->depth > 0) {
@@ -358,21 +359,11 @@ static int load_forecasts(const lp_model *model, lp_context *ctx, const run_opti
     return 0;
 }
 
-/* What a stream speculates with, as lp_generate_streams derives it. */
-static lp_speculate stream_tree(const lp_context *ctx, const lp_speculate *sp, int slot, const lp_forecast **f) {
-    lp_speculate t = *sp;
-    *f = sp->forecast ? sp->forecast : lp_context_slot_forecast(ctx, slot);
-    int k = *f ? lp_forecast_k(*f) : 0;
-    if (t.depth > k) t.depth = k;
-    return t;
-}
-
 static void json_speculation(const lp_context *ctx, const lp_speculate *sp, int slot, const lp_spec_stats *s,
                              const lp_generate_stats *st) {
-    const lp_forecast *f;
-    lp_speculate t = stream_tree(ctx, sp, slot, &f);
+    lp_speculate t = lp_speculate_for_slot(ctx, sp, slot);
     char tree[128];
-    tree_text(&t, f, tree, sizeof tree);
+    tree_text(&t, tree, sizeof tree);
     printf(",\"speculate\":{\"forward_passes\":%d,\"decode_passes\":%d,\"tokens_per_pass\":%.3f,\"drafted\":%d,"
            "\"accepted\":%d,\"tree_rows\":%d,\"forecast_rows\":%d,\"tree\":\"%s\"}",
            st->steps, s->n_passes, s->n_passes ? (double)s->n_generated / s->n_passes : 0.0, s->n_drafted,
@@ -382,10 +373,9 @@ static void json_speculation(const lp_context *ctx, const lp_speculate *sp, int 
 static void report_speculation(const lp_context *ctx, const lp_speculate *sp, const lp_stream *streams,
                                int n_streams, const lp_stream_stats *ss, const lp_generate_stats *st) {
     for (int i = 0; i < n_streams; i++) {
-        const lp_forecast *f;
-        lp_speculate t = stream_tree(ctx, sp, streams[i].adapter, &f);
+        lp_speculate t = lp_speculate_for_slot(ctx, sp, streams[i].adapter);
         char tree[128];
-        tree_text(&t, f, tree, sizeof tree);
+        tree_text(&t, tree, sizeof tree);
         const lp_spec_stats *s = &ss[i].spec;
         char who[32] = "";
         if (n_streams > 1) snprintf(who, sizeof who, "stream %d: ", i);

@@ -70,9 +70,7 @@ static void add_spec_stats(lp_spec_stats *sum, const lp_spec_stats *s) {
     sum->n_tree_rows += s->n_tree_rows;
 }
 
-/* The settings a stream speculates with: the caller's, with the forecast set
- * bound to the stream's slot where they name none. */
-static lp_speculate stream_speculation(const lp_context *ctx, const lp_speculate *base, int slot) {
+lp_speculate lp_speculate_for_slot(const lp_context *ctx, const lp_speculate *base, int slot) {
     lp_speculate sp = *base;
     if (!sp.forecast) {
         sp.forecast = lp_context_slot_forecast(ctx, slot);
@@ -155,7 +153,7 @@ int lp_generate_streams(lp_context *ctx, const int32_t *prompt, int n_prompt,
         q.user = &R;
         lp_speculate sp;
         if (p.speculate) {
-            sp = stream_speculation(ctx, p.speculate, specs[i].adapter);
+            sp = lp_speculate_for_slot(ctx, p.speculate, specs[i].adapter);
             q.speculate = &sp; /* copied by submit */
         }
         ids[i] = lp_engine_submit(e, &q, err);

@@ -214,18 +214,26 @@ static size_t prefix_floats_of(int n, int n_layers, int kv_dim) {
     return (size_t)n_layers * 2 * (size_t)n * (size_t)kv_dim;
 }
 
+/* Reads n little-endian f32 from p into dst; returns the index of the
+ * first one that is not finite, or n. */
+static size_t read_floats(float *dst, const uint8_t *p, size_t n) {
+    for (size_t i = 0; i < n; i++) {
+        dst[i] = lp_le_get_f32(p + 4 * i);
+        if (!isfinite(dst[i])) return i;
+    }
+    return n;
+}
+
 /* The KV prefix section (sizes checked by the caller) into f. */
 static int read_prefix(lp_forecast *f, const uint8_t *p, int n, int n_layers, int kv_dim, const char *what,
                        lp_error *err) {
     size_t count = prefix_floats_of(n, n_layers, kv_dim);
     float *kv = malloc(count * sizeof *kv);
     if (!kv) return lp_error_set(err, LP_ERR_NOMEM, "%s: out of memory for a KV prefix of %zu floats", what, count);
-    for (size_t i = 0; i < count; i++) {
-        kv[i] = lp_le_get_f32(p + 4 * i);
-        if (!isfinite(kv[i])) {
-            free(kv);
-            return lp_error_set(err, LP_ERR_FORMAT, "%s: KV prefix element %zu is not finite", what, i);
-        }
+    size_t bad = read_floats(kv, p, count);
+    if (bad < count) {
+        free(kv);
+        return lp_error_set(err, LP_ERR_FORMAT, "%s: KV prefix element %zu is not finite", what, bad);
     }
     f->prefix = kv;
     f->n_prefix = n;
@@ -330,15 +338,12 @@ lp_forecast *lp_lpf_parse(const uint8_t *p, size_t size, const char *what, lp_er
     f->fingerprint = fp;
     memcpy(f->name, name, name_len);
     f->name[name_len] = 0;
-    for (size_t i = 0; i < (size_t)k * dim; i++) {
-        float v = lp_le_get_f32(p + data_off + 4 * i);
-        if (!isfinite(v)) {
-            lp_error_set(err, LP_ERR_FORMAT, "%s: forecast embedding %zu, element %zu is not finite", what, i / dim,
-                         i % dim);
-            lp_forecast_free(f);
-            return NULL;
-        }
-        f->data[i] = v;
+    size_t bad = read_floats(f->data, p + data_off, (size_t)k * dim);
+    if (bad < (size_t)k * dim) {
+        lp_error_set(err, LP_ERR_FORMAT, "%s: forecast embedding %zu, element %zu is not finite", what, bad / dim,
+                     bad % dim);
+        lp_forecast_free(f);
+        return NULL;
     }
     if (prefix_floats && read_prefix(f, p + data_off + (size_t)k * dim * sizeof(float), (int)n_prefix, (int)n_layers,
                                      (int)kv_dim, what, err)) {
