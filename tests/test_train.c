@@ -797,6 +797,63 @@ static void test_gemm_levels(void) {
     free(g0);
 }
 
+/* The AVX-512 attention (16 keys per vector, head dims that are multiples
+ * of 16) gives the plain C attention's bits: same sums, other lanes. Causal
+ * and masked (packed records, and one sequence whose rows also see the next
+ * key), sequence lengths that leave partial key blocks, 1 and 2 threads. */
+static void test_attention_levels(lp_threadpool *pool) {
+    if (lp_t_gemm_best_level() < 2) {
+        printf("attention levels: no AVX-512 here, fast path not run\n");
+        return;
+    }
+    const int dims[] = {16, 32, 48};
+    int compared = 0;
+    for (int di = 0; di < 3; di++)
+        for (int masked = 0; masked < 2; masked++) {
+            enum { B = 2, T = 37, H = 4, KV = 2 };
+            int d = dims[di];
+            size_t qn = (size_t)B * T * H * d, kn = (size_t)B * T * KV * d, pn = (size_t)B * H * T * T;
+            float *in = malloc((2 * qn + 2 * kn) * sizeof(float));
+            float *out[2][6];
+            uint8_t *visible = malloc((size_t)B * T * T);
+            uint32_t s = 17u + (uint32_t)(di * 2 + masked);
+            for (size_t i = 0; i < 2 * qn + 2 * kn; i++) {
+                s = s * 1664525u + 1013904223u;
+                in[i] = (float)((s >> 8) & 0xFFFF) / 16384.0f - 2.0f;
+            }
+            for (int b = 0; b < B; b++)
+                for (int i = 0; i < T; i++)
+                    for (int j = 0; j < T; j++)
+                        visible[((size_t)b * T + i) * T + j] =
+                            (j <= i && i / (7 + 5 * b) == j / (7 + 5 * b)) || (b == 1 && j == i + 1);
+            for (int run = 0; run < 2; run++) {
+                size_t sizes[6] = {pn, qn, qn, kn, kn, pn};
+                for (int o = 0; o < 6; o++) out[run][o] = calloc(sizes[o], sizeof(float));
+                lp_t_attn a = {
+                    .B = B, .T = T, .n_heads = H, .n_kv_heads = KV, .head_dim = d,
+                    .visible = masked ? visible : NULL, .level = run ? 2 : 0,
+                    .q = in, .k = in + qn, .v = in + qn + kn, .dout = in + qn + 2 * kn,
+                    .att = out[run][0], .out = out[run][1], .dq = out[run][2], .dk = out[run][3],
+                    .dv = out[run][4], .datt = out[run][5],
+                };
+                lp_threadpool *p = run ? pool : NULL;
+                lp_t_attention(p, &a);
+                lp_t_attention_backward(p, &a);
+            }
+            size_t sizes[5] = {pn, qn, qn, kn, kn};
+            for (int o = 0; o < 5; o++) {
+                CHECK_MSG(memcmp(out[0][o], out[1][o], sizes[o] * sizeof(float)) == 0,
+                          "attention output %d differs (head dim %d, masked %d)", o, d, masked);
+                compared++;
+            }
+            for (int run = 0; run < 2; run++)
+                for (int o = 0; o < 6; o++) free(out[run][o]);
+            free(in);
+            free(visible);
+        }
+    printf("attention levels: %d outputs bit-identical\n", compared);
+}
+
 /* Packed rows train each record exactly as alone: the packed batch's total
  * masked loss equals the sum over records run one per row. */
 static void test_packing(void) {
@@ -909,6 +966,7 @@ int main(void) {
     test_qat();
     test_jsonl();
     test_gemm_levels();
+    test_attention_levels(pool);
     test_packing();
     lp_threadpool_destroy(pool);
     return check_summary("train");

@@ -17,6 +17,7 @@ void lp_t_free_acts(lp_tacts *a) {
                       &a->datt_out, &a->dgate, &a->dup, &a->dh, &a->dlora, &a->datt,
                       &a->scratch};
     for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; i++) lp_free(*bufs[i]);
+    lp_free(a->row_loss);
     free(a);
 }
 
@@ -82,12 +83,14 @@ int lp_train_model_reserve(lp_train_model *m, int max_batch, int max_seq, lp_err
     a->dup = acts_alloc(N, ffn, 1, &ok);
     a->dh = acts_alloc(N, ffn, 1, &ok);
     a->dlora = acts_alloc(N, R, 1, &ok);
-    a->datt = acts_alloc((size_t)max_batch, H, (size_t)max_seq, &ok);
+    a->datt = acts_alloc(H, N, (size_t)max_seq, &ok); /* one layer's dP: [B][H][T][T] */
     size_t s1 = 0, s2 = 0;
     ok = ok && lp_add_ok(max_in, max_out, &s1) && lp_mul_ok(N, s1, &s1) &&
          lp_mul_ok(max_in, max_out, &s2);
     a->scratch_floats = max_sz(s1, s2);
     a->scratch = acts_alloc(a->scratch_floats, 1, 1, &ok);
+    a->row_loss = ok ? lp_alloc(2 * N * sizeof(double)) : NULL;
+    ok = ok && a->row_loss;
     if (!ok) {
         lp_t_free_acts(a);
         m->acts = NULL;
@@ -215,16 +218,22 @@ static void rope_tables(lp_train_model *m, const lp_train_batch *b) {
     }
 }
 
-/* Mean masked cross-entropy, summed in double. */
-static double cross_entropy(lp_train_model *m, const lp_train_batch *b) {
-    const lp_train_config *c = &m->cfg;
-    lp_tacts *a = m->acts;
-    size_t N = (size_t)b->B * b->T, V = (size_t)c->n_vocab;
-    double total = 0, weight = 0, kl = 0;
+/* Each row's cross-entropy (and KL to the teacher) in double, threaded over
+ * rows; the mean sums them in row order. */
+typedef struct ce_job {
+    lp_train_model *m;
+    const lp_train_batch *b;
+} ce_job;
+
+static void cross_entropy_rows(void *arg, int64_t n0, int64_t n1) {
+    const ce_job *j = arg;
+    const lp_train_batch *b = j->b;
+    lp_tacts *a = j->m->acts;
+    size_t V = (size_t)j->m->cfg.n_vocab, N = (size_t)b->B * b->T;
     bool kd = b->teacher && b->kd_weight > 0;
-    for (size_t n = 0; n < N; n++) {
-        float w = b->mask ? b->mask[n] : 1.0f;
-        if (w == 0) continue;
+    for (size_t n = (size_t)n0; n < (size_t)n1; n++) {
+        a->row_loss[n] = a->row_loss[N + n] = 0;
+        if (b->mask && b->mask[n] == 0) continue;
         const float *z = a->logits + n * V;
         float max = z[0];
         for (size_t v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
@@ -237,10 +246,26 @@ static double cross_entropy(lp_train_model *m, const lp_train_batch *b) {
             double k = 0;
             for (size_t v = 0; v < V; v++)
                 if (pt[v] > 0) k += pt[v] * (log((double)pt[v]) - (z[v] - lse));
-            kl += w * k;
+            a->row_loss[N + n] = k;
             ce = (1.0 - b->kd_weight) * ce + b->kd_weight * k;
         }
-        total += w * ce;
+        a->row_loss[n] = ce;
+    }
+}
+
+/* Mean masked cross-entropy. */
+static double cross_entropy(lp_train_model *m, const lp_train_batch *b) {
+    lp_tacts *a = m->acts;
+    size_t N = (size_t)b->B * b->T;
+    ce_job j = {.m = m, .b = b};
+    lp_t_parallel_for(m->pool, (int64_t)N, 3 * m->cfg.n_vocab, cross_entropy_rows, &j);
+    double total = 0, weight = 0, kl = 0;
+    bool kd = b->teacher && b->kd_weight > 0;
+    for (size_t n = 0; n < N; n++) {
+        float w = b->mask ? b->mask[n] : 1.0f;
+        if (w == 0) continue;
+        if (kd) kl += w * a->row_loss[N + n];
+        total += w * a->row_loss[n];
         weight += w;
     }
     a->mask_sum = weight;
@@ -268,24 +293,24 @@ double lp_train_forward(lp_train_model *m, const lp_train_batch *b, lp_error *er
               *k = a->k + o * kv_dim, *v = a->v + o * kv_dim, *att_out = a->att_out + o * q_dim,
               *x_mid = a->x_mid + o * dim, *xn2 = a->xn2 + o * dim, *gate = a->gate + o * ffn,
               *up = a->up + o * ffn, *h = a->h + o * ffn, *x_next = a->x + (o + N) * dim;
-        lp_t_rmsnorm(xn1, a->rstd1 + o, x, L->attn_norm, N, c->dim, c->rms_eps);
+        lp_t_rmsnorm(m->pool, xn1, a->rstd1 + o, x, L->attn_norm, N, c->dim, c->rms_eps);
         linear_forward(m, l, LP_PROJ_Q, q, xn1, N);
         linear_forward(m, l, LP_PROJ_K, k, xn1, N);
         linear_forward(m, l, LP_PROJ_V, v, xn1, N);
-        lp_t_rope(q, a->rope_cos, a->rope_sin, N, c->n_heads, c->head_dim, 1.0f);
-        lp_t_rope(k, a->rope_cos, a->rope_sin, N, c->n_kv_heads, c->head_dim, 1.0f);
+        lp_t_rope(m->pool, q, a->rope_cos, a->rope_sin, N, c->n_heads, c->head_dim, 1.0f);
+        lp_t_rope(m->pool, k, a->rope_cos, a->rope_sin, N, c->n_kv_heads, c->head_dim, 1.0f);
         lp_t_attn at = attn_args(m, b, l);
         lp_t_attention(m->pool, &at);
         linear_forward(m, l, LP_PROJ_O, a->dtmp, att_out, N);
         add_rows(x_mid, x, a->dtmp, (size_t)N * dim);
-        lp_t_rmsnorm(xn2, a->rstd2 + o, x_mid, L->ffn_norm, N, c->dim, c->rms_eps);
+        lp_t_rmsnorm(m->pool, xn2, a->rstd2 + o, x_mid, L->ffn_norm, N, c->dim, c->rms_eps);
         linear_forward(m, l, LP_PROJ_GATE, gate, xn2, N);
         linear_forward(m, l, LP_PROJ_UP, up, xn2, N);
-        lp_t_swiglu(h, gate, up, (int64_t)N * ffn);
+        lp_t_swiglu(m->pool, h, gate, up, (int64_t)N * ffn);
         linear_forward(m, l, LP_PROJ_DOWN, a->dtmp, h, N);
         add_rows(x_next, x_mid, a->dtmp, (size_t)N * dim);
     }
-    lp_t_rmsnorm(a->xnf, a->rstdf, a->x + (size_t)c->n_layers * N * dim, m->w.output_norm, N,
+    lp_t_rmsnorm(m->pool, a->xnf, a->rstdf, a->x + (size_t)c->n_layers * N * dim, m->w.output_norm, N,
                  c->dim, c->rms_eps);
     const float *xf = m->quad ? lp_t_quad_base_input(m, a->xnf, N, c->dim) : NULL;
     lp_t_matmul(m->pool, m->gemm_level, a->logits, xf ? xf : a->xnf, m->w.output, N, c->dim, c->n_vocab,
@@ -311,11 +336,13 @@ void lp_train_zero_grad(lp_train_model *m) {
         if (m->grad[g]) memset(m->grad[g], 0, m->group_size[g] * sizeof(float));
 }
 
-/* dL/dlogits = (softmax - onehot) * w / sum(w). */
-static void cross_entropy_backward(lp_train_model *m, const lp_train_batch *b) {
-    lp_tacts *a = m->acts;
-    size_t N = (size_t)b->B * b->T, V = (size_t)m->cfg.n_vocab;
-    for (size_t n = 0; n < N; n++) {
+/* dL/dlogits = (softmax - onehot) * w / sum(w), threaded over rows. */
+static void cross_entropy_backward_rows(void *arg, int64_t n0, int64_t n1) {
+    const ce_job *j = arg;
+    const lp_train_batch *b = j->b;
+    lp_tacts *a = j->m->acts;
+    size_t V = (size_t)j->m->cfg.n_vocab;
+    for (size_t n = (size_t)n0; n < (size_t)n1; n++) {
         float w = b->mask ? b->mask[n] : 1.0f;
         float *dz = a->dlogits + n * V;
         if (w == 0 || a->mask_sum <= 0) {
@@ -341,6 +368,11 @@ static void cross_entropy_backward(lp_train_model *m, const lp_train_batch *b) {
     }
 }
 
+static void cross_entropy_backward(lp_train_model *m, const lp_train_batch *b) {
+    ce_job j = {.m = m, .b = b};
+    lp_t_parallel_for(m->pool, (int64_t)b->B * b->T, 3 * m->cfg.n_vocab, cross_entropy_backward_rows, &j);
+}
+
 void lp_train_backward(lp_train_model *m, const lp_train_batch *b) {
     if (!m->trainable) return;
     const lp_train_config *c = &m->cfg;
@@ -356,7 +388,7 @@ void lp_train_backward(lp_train_model *m, const lp_train_batch *b) {
                        c->n_vocab, 1.0f, scratch);
     lp_t_matmul_dx(m->pool, m->gemm_level, a->dxn, a->dlogits, m->w.output, N, c->dim,
                    c->n_vocab, 1.0f, false, scratch);
-    lp_t_rmsnorm_backward(a->dx, m->g.output_norm, a->dxn, a->x + (size_t)c->n_layers * N * dim,
+    lp_t_rmsnorm_backward(m->pool, a->dx, m->g.output_norm, a->dxn, a->x + (size_t)c->n_layers * N * dim,
                           m->w.output_norm, a->rstdf, N, c->dim, false);
 
     for (int l = c->n_layers - 1; l >= 0; l--) {
@@ -364,11 +396,11 @@ void lp_train_backward(lp_train_model *m, const lp_train_batch *b) {
         size_t o = (size_t)l * N;
         /* a->dx holds dL/dx_{l+1}; x_{l+1} = x_mid + down(h) */
         linear_backward(m, l, LP_PROJ_DOWN, a->dh, a->dx, a->h + o * ffn, N, false);
-        lp_t_swiglu_backward(a->dgate, a->dup, a->dh, a->gate + o * ffn, a->up + o * ffn,
+        lp_t_swiglu_backward(m->pool, a->dgate, a->dup, a->dh, a->gate + o * ffn, a->up + o * ffn,
                              (int64_t)N * ffn);
         linear_backward(m, l, LP_PROJ_GATE, a->dxn, a->dgate, a->xn2 + o * dim, N, false);
         linear_backward(m, l, LP_PROJ_UP, a->dxn, a->dup, a->xn2 + o * dim, N, true);
-        lp_t_rmsnorm_backward(a->dx, G->ffn_norm, a->dxn, a->x_mid + o * dim, L->ffn_norm,
+        lp_t_rmsnorm_backward(m->pool, a->dx, G->ffn_norm, a->dxn, a->x_mid + o * dim, L->ffn_norm,
                               a->rstd2 + o, N, c->dim, true);
         /* a->dx holds dL/dx_mid; x_mid = x_l + o(attention) */
         linear_backward(m, l, LP_PROJ_O, a->datt_out, a->dx, a->att_out + o * q_dim, N, false);
@@ -379,13 +411,13 @@ void lp_train_backward(lp_train_model *m, const lp_train_batch *b) {
         at.dv = a->dv;
         at.datt = a->datt;
         lp_t_attention_backward(m->pool, &at);
-        lp_t_rope(a->dq, a->rope_cos, a->rope_sin, N, c->n_heads, c->head_dim, -1.0f);
-        lp_t_rope(a->dk, a->rope_cos, a->rope_sin, N, c->n_kv_heads, c->head_dim, -1.0f);
+        lp_t_rope(m->pool, a->dq, a->rope_cos, a->rope_sin, N, c->n_heads, c->head_dim, -1.0f);
+        lp_t_rope(m->pool, a->dk, a->rope_cos, a->rope_sin, N, c->n_kv_heads, c->head_dim, -1.0f);
         const float *xn1 = a->xn1 + o * dim;
         linear_backward(m, l, LP_PROJ_Q, a->dxn, a->dq, xn1, N, false);
         linear_backward(m, l, LP_PROJ_K, a->dxn, a->dk, xn1, N, true);
         linear_backward(m, l, LP_PROJ_V, a->dxn, a->dv, xn1, N, true);
-        lp_t_rmsnorm_backward(a->dx, G->attn_norm, a->dxn, a->x + o * dim, L->attn_norm,
+        lp_t_rmsnorm_backward(m->pool, a->dx, G->attn_norm, a->dxn, a->x + o * dim, L->attn_norm,
                               a->rstd1 + o, N, c->dim, true);
         (void)kv_dim;
     }

@@ -28,8 +28,9 @@ struct lp_tacts {
     float *dq, *dk, *dv, *datt_out; /* [N][q_dim], [N][kv_dim] x2, [N][q_dim] */
     float *dgate, *dup, *dh;  /* [N][ffn] */
     float *dlora;             /* [N][rank] */
-    float *datt;              /* [B][H][T] scratch rows for dP (one per (b,h)) */
+    float *datt;              /* [B][H][T][T] scratch for dP: a (b,h) row, or all rows (AVX-512) */
     float *scratch;           /* transposes for the matmul backward */
+    double *row_loss;         /* [2][N] each row's cross-entropy and KL, summed in row order */
     size_t scratch_floats;
 };
 
@@ -57,20 +58,27 @@ void lp_t_matmul_dw(lp_threadpool *pool, int level, float *dW, const float *dY,
 /* The fastest level this CPU runs. */
 int lp_t_gemm_best_level(void);
 
-void lp_t_rmsnorm(float *y, float *rstd, const float *x, const float *w, int N, int n,
-                  float eps);
-/* dx (+)= ..., dw += ... (dw may be NULL). */
-void lp_t_rmsnorm_backward(float *dx, float *dw, const float *dy, const float *x,
+/* fn(ctx, begin, end) over [0, n) split among the pool's threads; the work
+ * is about n x cost_per operations, and small work stays on this thread. */
+typedef void (*lp_t_range_fn)(void *ctx, int64_t begin, int64_t end);
+void lp_t_parallel_for(lp_threadpool *pool, int64_t n, int64_t cost_per, lp_t_range_fn fn, void *ctx);
+
+/* The row- and element-wise operations take the pool too (NULL: this
+ * thread); results do not depend on the thread count. */
+void lp_t_rmsnorm(lp_threadpool *pool, float *y, float *rstd, const float *x, const float *w, int N,
+                  int n, float eps);
+/* dx (+)= ..., dw += ... (dw may be NULL). dx must not alias dy or x. */
+void lp_t_rmsnorm_backward(lp_threadpool *pool, float *dx, float *dw, const float *dy, const float *x,
                            const float *w, const float *rstd, int N, int n, bool accumulate);
 
 /* Rotates pairs (2i, 2i+1) of every head by the row's angle (sign = +1) or
  * back (sign = -1, the backward). */
-void lp_t_rope(float *x, const float *cos, const float *sin, int N, int n_heads,
+void lp_t_rope(lp_threadpool *pool, float *x, const float *cos, const float *sin, int N, int n_heads,
                int head_dim, float sign);
 
-void lp_t_swiglu(float *h, const float *gate, const float *up, int64_t n);
-void lp_t_swiglu_backward(float *dgate, float *dup, const float *dh, const float *gate,
-                          const float *up, int64_t n);
+void lp_t_swiglu(lp_threadpool *pool, float *h, const float *gate, const float *up, int64_t n);
+void lp_t_swiglu_backward(lp_threadpool *pool, float *dgate, float *dup, const float *dh,
+                          const float *gate, const float *up, int64_t n);
 
 typedef struct lp_t_attn {
     int B, T, n_heads, n_kv_heads, head_dim;
