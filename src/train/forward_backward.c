@@ -89,7 +89,7 @@ int lp_train_model_reserve(lp_train_model *m, int max_batch, int max_seq, lp_err
          lp_mul_ok(max_in, max_out, &s2);
     a->scratch_floats = max_sz(s1, s2);
     a->scratch = acts_alloc(a->scratch_floats, 1, 1, &ok);
-    a->row_loss = ok ? lp_alloc(2 * N * sizeof(double)) : NULL;
+    a->row_loss = ok ? lp_alloc(4 * N * sizeof(double)) : NULL;
     ok = ok && a->row_loss;
     if (!ok) {
         lp_t_free_acts(a);
@@ -239,6 +239,8 @@ static void cross_entropy_rows(void *arg, int64_t n0, int64_t n1) {
         for (size_t v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
         double sum = 0;
         for (size_t v = 0; v < V; v++) sum += exp((double)z[v] - max);
+        a->row_loss[2 * N + n] = max; /* for the backward */
+        a->row_loss[3 * N + n] = sum;
         double lse = log(sum) + max, ce = lse - z[b->targets[n]];
         if (kd) {
             /* KL(p || q) = sum p (log p - log q), log q = z - lse */
@@ -341,7 +343,7 @@ static void cross_entropy_backward_rows(void *arg, int64_t n0, int64_t n1) {
     const ce_job *j = arg;
     const lp_train_batch *b = j->b;
     lp_tacts *a = j->m->acts;
-    size_t V = (size_t)j->m->cfg.n_vocab;
+    size_t V = (size_t)j->m->cfg.n_vocab, N = (size_t)b->B * b->T;
     for (size_t n = (size_t)n0; n < (size_t)n1; n++) {
         float w = b->mask ? b->mask[n] : 1.0f;
         float *dz = a->dlogits + n * V;
@@ -350,10 +352,8 @@ static void cross_entropy_backward_rows(void *arg, int64_t n0, int64_t n1) {
             continue;
         }
         const float *z = a->logits + n * V;
-        float max = z[0];
-        for (size_t v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
-        double sum = 0;
-        for (size_t v = 0; v < V; v++) sum += exp((double)z[v] - max);
+        float max = (float)a->row_loss[2 * N + n]; /* the forward's, of these logits */
+        double sum = a->row_loss[3 * N + n];
         double k = w / a->mask_sum;
         for (size_t v = 0; v < V; v++) dz[v] = (float)(exp((double)z[v] - max) / sum * k);
         if (b->teacher && b->kd_weight > 0) {

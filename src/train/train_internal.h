@@ -30,7 +30,8 @@ struct lp_tacts {
     float *dlora;             /* [N][rank] */
     float *datt;              /* [B][H][T][T] scratch for dP: a (b,h) row, or all rows (AVX-512) */
     float *scratch;           /* transposes for the matmul backward */
-    double *row_loss;         /* [2][N] each row's cross-entropy and KL, summed in row order */
+    double *row_loss;         /* [4][N] each row's cross-entropy and KL (summed in row
+                                 order), logit max and sum of exp(z - max) (for the backward) */
     size_t scratch_floats;
 };
 
