@@ -8,11 +8,12 @@
  *   1  AVX2+FMA and 2  AVX-512: "A times B" with B row-major [K][C], so the
  *      vector runs along output columns and every output element is one
  *      chain of fused multiply-adds over k = 0..K-1 (no horizontal sums).
- *      dX = dY W needs no transpose at all; Y = X Wᵀ transposes W (small) and
- *      dW = dYᵀ X transposes dY.
+ *      A is read through strides: dX = dY W and dW = dYᵀ X need no
+ *      transpose (dYᵀ is dY read by columns); Y = X Wᵀ transposes W (small).
  * Within a level, every output element is summed in the same order whatever
  * tile or thread computes it, so results are bitwise independent of the
- * thread count. Different levels round differently (FMA vs mul+add). */
+ * thread count. Different levels round differently (FMA vs mul+add); the
+ * other operations (attention included) compute alike at every level. */
 #include <math.h>
 #include <string.h>
 
