@@ -25,7 +25,7 @@ static void world_usage(FILE *out) {
             "  --version V     1: three languages in Latin letters (the default, the\n"
             "                  committed demo's world); 2: nine languages in six scripts,\n"
             "                  ten tasks (src/world/world2.h). The defaults below are\n"
-            "                  version 1's; version 2's: --stories 90000 --vocab 4096\n"
+            "                  version 1's; version 2's: --stories 200000 --vocab 4096\n"
             "  --seed S        random seed (default 1)\n"
             "  --stories N     pretraining documents (default 40000)\n"
             "  --per-task N    train records per task (default 3000)\n"

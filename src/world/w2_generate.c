@@ -8,7 +8,7 @@
 #include "world_internal.h"
 
 lp_world_params lp_world2_default_params(void) {
-    return (lp_world_params){.version = 2, .seed = 1, .stories = 90000, .per_task = 3000,
+    return (lp_world_params){.version = 2, .seed = 1, .stories = 200000, .per_task = 3000,
                              .correct_factor = 10, .eval_per_task = 300, .eval_percent = 10,
                              .vocab_size = 4096};
 }

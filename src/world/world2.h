@@ -155,7 +155,7 @@ void lp_world2_compose(const lp_world2 *w, const lp_w2_compose *c, int lang,
 
 /* ---- the corpus directory --------------------------------------------------------- */
 
-/* Defaults for version 2: seed 1, 90000 documents, 3000 train records per
+/* Defaults for version 2: seed 1, 200000 documents, 3000 train records per
  * task (correct x10), 300 eval, 10% eval meanings, vocabulary 4096 (the
  * largest the trainer takes: see scripts/make_demo_v2.sh for why). */
 lp_world_params lp_world2_default_params(void);
