@@ -20,60 +20,52 @@
 #             counts below (e.g. BASE_STEPS=20 for a smoke run of the base)
 #
 # ---- sizes, and why --------------------------------------------------------
-# Corpus (seed 1, defaults): pretrain.txt 90,000 documents, 13.8 MB;
-# 3,000 train records per task (correct 30,000), 300 eval per task.
-# Vocabulary 4096 (the trainer's largest). Measured on this corpus
-# (pretrain.txt / train records / eval records, tokens):
+# Corpus (seed 1, defaults): pretrain.txt 200,000 documents, 28.8 MB: 3 in 10
+# stories, 3 in 10 runs of sentences about one subject, 4 in 10 sentence
+# pairs "<sentence> = <the same meaning in another language>" (any of the 72
+# directions); 3,000 train records per task (correct 30,000), 300 eval per
+# task. Vocabulary 4096 (the trainer's largest). Measured on the first
+# corpus (90,000 documents; pretrain.txt / train records / eval records, tokens):
 #   vocab 1024: 5.40M / 2.98M / 0.16M     2048: 4.01M / 2.35M / 0.13M
 #   vocab 3072: 3.21M / 1.96M / 0.11M     4096: 2.75M / 1.73M / 0.10M
-# Each step up still cuts 15-25% of the tokens (pretrain.txt has 3,317
-# distinct words: nine lexicons and their inflected forms; multi-byte
-# scripts cost 2-3 bytes a letter), and for a base this small the output
-# matrix (vocab x dim) is one matmul per token, so 4096 buys the most text
-# per second of training: 3.7M tokens at 4096 are ~1.34 passes of
-# pretrain.txt, at 2048 ~0.9. Devanagari stays expensive whatever the size:
-# the gpt2 pre-tokenizer (\p{L}+ runs) cuts a word at every vowel sign (a
-# mark, not a letter), so Saru takes ~0.8 tokens per character where the
-# other languages take 0.25-0.45 (40 translation prompts each: en 420 tokens
-# / 1527 chars, sr 900 / 1131, hn 287 / 606).
+# Each step up still cuts 15-25% of the tokens (nine lexicons and their
+# inflected forms; multi-byte scripts cost 2-3 bytes a letter), and for a
+# base this small the output matrix (vocab x dim) is one matmul per token,
+# so 4096 buys the most text per second of training. Under it the current
+# pretrain.txt is 5.75M tokens. Devanagari stays expensive whatever the
+# size: the gpt2 pre-tokenizer (\p{L}+ runs) cuts a word at every vowel sign
+# (a mark, not a letter), so Saru takes ~0.8 tokens per character where the
+# other languages take 0.25-0.45.
 #
 # Base: Llama, dim 128, 6 layers, 4 query / 2 KV heads (head dim 32), SwiGLU
 # FFN 384, tied embeddings, context 256, vocab 4096: ~1.71M parameters
-# (1.18M in the blocks, 0.52M embedding). Version 1's base (dim 128, 4
-# layers, vocab 768, 0.89M) trained at ~2,400 tokens/s on the 2 cores, i.e.
-# ~13 GFLOP/s at ~6 FLOP per parameter per token; 60 minutes are then
-# ~7.7e12 parameter-tokens. Nine languages need more than version 1's three:
-# more lexicon (nine times ~170 stems and their forms, held mostly in the
-# 4096 embeddings) and more grammar (agreement across the clause: Velin's
-# and Saru's verbs agree with a subject several words back, Borsk's past
-# with its gender, Thalic's articles with the noun after them), and the
-# adapters' tasks are mostly copying, which version 1's shallow base did
-# poorly: so two more layers at the same width (depth is what composition
-# and copying need; width 160 would cost 1.56x per layer). 1.71M parameters
-# at ~1,250 tokens/s (scaled from version 1's rate) make BASE_STEPS=1800
-# steps of 16 x 128 tokens = 3.7M tokens (version 1's token count) in ~49
-# minutes. A 20-step smoke on the shared machine ran at ~860 tokens/s (not
-# a benchmark: 4-5 jobs on 2 cores); if the first log lines on the real run
-# show less than ~1,050 tokens/s, lower BASE_STEPS in proportion (the
-# cosine schedule follows --steps) to stay within 60 minutes. The base
-# sees pretrain.txt only, never a task prompt, so alone it scores ~0 exact
-# match on every task (the eval stage's --base rows check it).
+# (1.18M in the blocks, 0.52M embedding). Depth over width: the adapters'
+# tasks are mostly copying and agreement across the clause (Velin's and
+# Saru's verbs agree with a subject several words back, Borsk's past with its
+# gender, Thalic's articles with the noun after them), which version 1's
+# 4-layer base did poorly; width 160 would cost 1.56x per layer. The first
+# base of this shape (1,800 steps, 3.7M tokens of the 90,000-document corpus
+# with 2 pairs in 10) learned the nine languages but no translation (the
+# translate adapter: 0 % exact match in every direction) and left the
+# copying tasks at 30-60 %. The trainer now runs ~9,300 tokens/s here (2
+# threads, AVX-512, docs/benchmarks.md section 27; it was ~2,400), so the
+# hour allows 4 passes of the larger corpus instead of 1.3:
+# BASE_STEPS=11000 steps of 16 x 128 tokens = 22.5M tokens, ~40 minutes.
+# The base sees pretrain.txt only, never a task prompt, so alone it scores
+# ~0 exact match on every task (the eval stage's --base rows check it).
 #
 # Adapters: LoRA rank 16, alpha 32, on q,k,v,o,gate,up,down of the 6 layers
 # (233k parameters each); loss on the completion (+ EOS); records packed per
-# 128-token row. LoRA steps cost ~2/3 of a base step at the same size
-# (no base weight gradients): ~1,400-1,900 tokens/s, so one stage of <= 10
-# minutes is ~420 steps of 16 x 128 tokens. As in version 1 (make_demo.sh)
-# the adapters share a warm start, each stage <= 10 minutes:
+# 128-token row, ~14,000 tokens/s (2 threads): a 10-minute stage is ~4,000
+# steps of 16 x 128 tokens. As in version 1 (make_demo.sh) the adapters
+# share a warm start, each stage <= 10 minutes:
 #   shared:  one LoRA on 2,000 train records of each of the nine trained
-#            tasks (18,000 records), SHARED_STEPS=420 at lr 5e-3;
-#   shared2: from those weights a fresh schedule, SHARED2_STEPS=420 at 8e-3;
-#   tasks:   each task continues on its own records, TASK_STEPS=420 more
+#            tasks (18,000 records), SHARED_STEPS=1500 at lr 5e-3;
+#   shared2: from those weights a fresh schedule, SHARED2_STEPS=2500 at 8e-3;
+#   tasks:   each task continues on its own records, TASK_STEPS=3000 more
 #            (correct on its 30,000 records).
 # style-curious gets no adapter: it is the style the adapters never saw (the
 # QUAD issue's over-the-air case); its records are in tasks/ for that.
-# All step counts are a first proposal, to be tuned on the first run's
-# per-task exact match (target: >= 90% in each of the nine languages).
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
@@ -85,10 +77,10 @@ SEED=1
 SEED2=2   # the second eval split's world
 TRAINED="correct style-formal style-polite style-jovial style-terse summary reply translate compose"
 TASKS=${TASKS:-$TRAINED}
-BASE_STEPS=${BASE_STEPS:-1800}
-SHARED_STEPS=${SHARED_STEPS:-420}
-SHARED2_STEPS=${SHARED2_STEPS:-420}
-TASK_STEPS=${TASK_STEPS:-420}
+BASE_STEPS=${BASE_STEPS:-11000}
+SHARED_STEPS=${SHARED_STEPS:-1500}
+SHARED2_STEPS=${SHARED2_STEPS:-2500}
+TASK_STEPS=${TASK_STEPS:-3000}
 SHARED_PER_TASK=2000
 
 mkdir -p "$WORK" "$OUT/adapters" "$OUT/logs" "$OUT/eval"
@@ -126,8 +118,8 @@ stage_base() {
     timed base "$LP" train --vocab vocab.gguf --text "$WORK/world/pretrain.txt" \
         --dim 128 --layers 6 --heads 4 --kv-heads 2 --ffn 384 --ctx 256 --tied \
         --steps "$BASE_STEPS" --batch 16 --seq 128 --lr 3e-3 --min-lr 3e-4 --warmup 100 \
-        --wd 0.1 --clip 1.0 --seed $SEED --threads "$THREADS" --log-every 10 \
-        --checkpoint "$WORK/base.ckpt" --checkpoint-every 200 \
+        --wd 0.1 --clip 1.0 --seed $SEED --threads "$THREADS" --log-every 50 \
+        --checkpoint "$WORK/base.ckpt" --checkpoint-every 1000 \
         -o base.gguf 2> >(tee logs/base.log >&2)
 }
 
