@@ -533,6 +533,18 @@ static LP_T_ALWAYS_INLINE float attn_dot(const float *a, const float *b, int n) 
     return t;
 }
 
+/* p[j] = exp(p[j] - max) for the keys row i of sequence b sees; returns 1 /
+ * their sum (0 if it sees none). */
+static LP_T_ALWAYS_INLINE float attn_exp_row(const lp_t_attn *a, int b, int i, float *p, float max) {
+    double sum = 0;
+    for (int j = 0; j < a->T; j++)
+        if (attn_visible(a, b, i, j)) {
+            p[j] = expf(p[j] - max);
+            sum += p[j];
+        }
+    return sum > 0 ? (float)(1.0 / sum) : 0.0f;
+}
+
 /* One (sequence b, head h): P = softmax(q Kᵀ / sqrt(d)) over visible keys,
  * out = P V. Rows that see nothing output zeros. */
 static LP_T_ALWAYS_INLINE void attn_forward_one(lp_t_attn *a, int b, int h) {
@@ -553,13 +565,7 @@ static LP_T_ALWAYS_INLINE void attn_forward_one(lp_t_attn *a, int b, int h) {
             p[j] = attn_dot(q, k, d) * scale;
             if (p[j] > max) max = p[j];
         }
-        double sum = 0;
-        for (int j = 0; j < T; j++)
-            if (attn_visible(a, b, i, j)) {
-                p[j] = expf(p[j] - max);
-                sum += p[j];
-            }
-        float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+        float inv = attn_exp_row(a, b, i, p, max);
         memset(out, 0, (size_t)d * sizeof(float));
         for (int j = 0; j < T; j++) {
             if (p[j] == 0) continue;
@@ -685,13 +691,7 @@ __attribute__((target("avx512f"))) static void attn_forward_fast(lp_t_attn *a, i
             if (!attn_visible(a, b, i, j)) p[j] = 0;
             else if (p[j] > max) max = p[j];
         }
-        double sum = 0;
-        for (int j = 0; j < T; j++)
-            if (attn_visible(a, b, i, j)) {
-                p[j] = expf(p[j] - max);
-                sum += p[j];
-            }
-        float inv = sum > 0 ? (float)(1.0 / sum) : 0.0f;
+        float inv = attn_exp_row(a, b, i, p, max);
         for (int j = 0; j < T; j++) p[j] *= inv; /* 0 stays 0 */
         attn_weighted_sum(out, p, v0, kv_stride, T, d);
     }
