@@ -91,6 +91,11 @@ int lp_train_model_reserve(lp_train_model *m, int max_batch, int max_seq, lp_err
     a->scratch = acts_alloc(a->scratch_floats, 1, 1, &ok);
     a->row_loss = ok ? lp_alloc(4 * N * sizeof(double)) : NULL;
     ok = ok && a->row_loss;
+    if (ok) {
+        a->row_kl = a->row_loss + N;
+        a->row_max = a->row_loss + 2 * N;
+        a->row_sum = a->row_loss + 3 * N;
+    }
     if (!ok) {
         lp_t_free_acts(a);
         m->acts = NULL;
@@ -229,18 +234,18 @@ static void cross_entropy_rows(void *arg, int64_t n0, int64_t n1) {
     const ce_job *j = arg;
     const lp_train_batch *b = j->b;
     lp_tacts *a = j->m->acts;
-    size_t V = (size_t)j->m->cfg.n_vocab, N = (size_t)b->B * b->T;
+    size_t V = (size_t)j->m->cfg.n_vocab;
     bool kd = b->teacher && b->kd_weight > 0;
     for (size_t n = (size_t)n0; n < (size_t)n1; n++) {
-        a->row_loss[n] = a->row_loss[N + n] = 0;
+        a->row_loss[n] = a->row_kl[n] = 0;
         if (b->mask && b->mask[n] == 0) continue;
         const float *z = a->logits + n * V;
         float max = z[0];
         for (size_t v = 1; v < V; v++) max = z[v] > max ? z[v] : max;
         double sum = 0;
         for (size_t v = 0; v < V; v++) sum += exp((double)z[v] - max);
-        a->row_loss[2 * N + n] = max; /* for the backward */
-        a->row_loss[3 * N + n] = sum;
+        a->row_max[n] = max; /* for the backward */
+        a->row_sum[n] = sum;
         double lse = log(sum) + max, ce = lse - z[b->targets[n]];
         if (kd) {
             /* KL(p || q) = sum p (log p - log q), log q = z - lse */
@@ -248,7 +253,7 @@ static void cross_entropy_rows(void *arg, int64_t n0, int64_t n1) {
             double k = 0;
             for (size_t v = 0; v < V; v++)
                 if (pt[v] > 0) k += pt[v] * (log((double)pt[v]) - (z[v] - lse));
-            a->row_loss[N + n] = k;
+            a->row_kl[n] = k;
             ce = (1.0 - b->kd_weight) * ce + b->kd_weight * k;
         }
         a->row_loss[n] = ce;
@@ -266,7 +271,7 @@ static double cross_entropy(lp_train_model *m, const lp_train_batch *b) {
     for (size_t n = 0; n < N; n++) {
         float w = b->mask ? b->mask[n] : 1.0f;
         if (w == 0) continue;
-        if (kd) kl += w * a->row_loss[N + n];
+        if (kd) kl += w * a->row_kl[n];
         total += w * a->row_loss[n];
         weight += w;
     }
@@ -343,7 +348,7 @@ static void cross_entropy_backward_rows(void *arg, int64_t n0, int64_t n1) {
     const ce_job *j = arg;
     const lp_train_batch *b = j->b;
     lp_tacts *a = j->m->acts;
-    size_t V = (size_t)j->m->cfg.n_vocab, N = (size_t)b->B * b->T;
+    size_t V = (size_t)j->m->cfg.n_vocab;
     for (size_t n = (size_t)n0; n < (size_t)n1; n++) {
         float w = b->mask ? b->mask[n] : 1.0f;
         float *dz = a->dlogits + n * V;
@@ -352,8 +357,8 @@ static void cross_entropy_backward_rows(void *arg, int64_t n0, int64_t n1) {
             continue;
         }
         const float *z = a->logits + n * V;
-        float max = (float)a->row_loss[2 * N + n]; /* the forward's, of these logits */
-        double sum = a->row_loss[3 * N + n];
+        float max = (float)a->row_max[n]; /* the forward's, of these logits */
+        double sum = a->row_sum[n];
         double k = w / a->mask_sum;
         for (size_t v = 0; v < V; v++) dz[v] = (float)(exp((double)z[v] - max) / sum * k);
         if (b->teacher && b->kd_weight > 0) {

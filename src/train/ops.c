@@ -625,7 +625,7 @@ attn_block_dots(const lp_t_attn *a, int b, float *s, size_t s_stride, const floa
                                                              _mm512_loadu_ps(kt + (e + l) * ATTN_JB)));
         __m512 t = _mm512_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])),
                                  _mm512_add_ps(_mm512_add_ps(acc[4], acc[5]), _mm512_add_ps(acc[6], acc[7])));
-        if (scale != 1.0f) t = _mm512_mul_ps(t, _mm512_set1_ps(scale));
+        t = _mm512_mul_ps(t, _mm512_set1_ps(scale)); /* x 1 (dP) is exact */
         _mm512_mask_storeu_ps(s + (size_t)i * s_stride + j0, m, t);
     }
 }

@@ -30,8 +30,10 @@ struct lp_tacts {
     float *dlora;             /* [N][rank] */
     float *datt;              /* [B][H][T][T] scratch for dP: a (b,h) row, or all rows (AVX-512) */
     float *scratch;           /* transposes for the matmul backward */
-    double *row_loss;         /* [4][N] each row's cross-entropy and KL (summed in row
-                                 order), logit max and sum of exp(z - max) (for the backward) */
+    /* [max N] each, one allocation (row_loss owns it): each row's cross-entropy
+     * and KL (summed in row order afterwards), and its logit max and sum of
+     * exp(z - max), which the backward reuses */
+    double *row_loss, *row_kl, *row_max, *row_sum;
     size_t scratch_floats;
 };
 
