@@ -209,10 +209,14 @@ static int write_readme(const w2_gen *g, const char *dir, lp_error *err) {
     readme_langs(f, g->w);
     fprintf(f,
             "\n## Files\n\n"
-            "- `pretrain.txt`: %zu documents, one per line (%zu bytes): short stories in the\n"
-            "  nine languages and sentence pairs `<sentence> = <same meaning in another\n"
-            "  language>` (any pair). No sentence whose meaning is reserved for evaluation\n"
-            "  appears here, nor any task prompt.\n"
+            "- `pretrain.txt`: %zu documents, one per line (%zu bytes), each in one of the\n"
+            "  nine languages: short stories (2 in 10), runs of sentences about one subject\n"
+            "  (2 in 10), sentence pairs `<sentence> = <same meaning in another language>`\n"
+            "  (any pair; 4 in 10), and runs of unrelated sentences the tasks write (styled\n"
+            "  sentences, summaries, messages and replies, composed messages; 2 in 10), so\n"
+            "  the base knows every word the tasks use. No sentence whose meaning is reserved\n"
+            "  for evaluation appears here, nor any task prompt, nor a prompt next to its\n"
+            "  answer.\n"
             "- `tasks/<task>.train.jsonl`, `tasks/<task>.eval.jsonl`: %zu train and %zu eval\n"
             "  records in all, `{\"task\",\"lang\",[\"style\"],\"prompt\",\"completion\"}`: %d\n"
             "  train records per task, %d for `correct`, %d eval records per task, the\n"
