@@ -20,10 +20,14 @@
 #             counts below (e.g. BASE_STEPS=20 for a smoke run of the base)
 #
 # ---- sizes, and why --------------------------------------------------------
-# Corpus (seed 1, defaults): pretrain.txt 200,000 documents, 28.8 MB: 3 in 10
-# stories, 3 in 10 runs of sentences about one subject, 4 in 10 sentence
+# Corpus (seed 1, defaults): pretrain.txt 200,000 documents: 2 in 10
+# stories, 2 in 10 runs of sentences about one subject, 4 in 10 sentence
 # pairs "<sentence> = <the same meaning in another language>" (any of the 72
-# directions); 3,000 train records per task (correct 30,000), 300 eval per
+# directions), 2 in 10 runs of the sentences tasks write (without their
+# prompts: the base must have read every word an adapter is to produce;
+# a LoRA on the linear layers cannot teach it a token it never saw, and
+# without them compose stalled at 24 %); 3,000 train records per task
+# (correct 30,000), 300 eval per
 # task. Vocabulary 4096 (the trainer's largest). Measured on the first
 # corpus (90,000 documents; pretrain.txt / train records / eval records, tokens):
 #   vocab 1024: 5.40M / 2.98M / 0.16M     2048: 4.01M / 2.35M / 0.13M
@@ -32,7 +36,7 @@
 # inflected forms; multi-byte scripts cost 2-3 bytes a letter), and for a
 # base this small the output matrix (vocab x dim) is one matmul per token,
 # so 4096 buys the most text per second of training. Under it the current
-# pretrain.txt is 5.75M tokens. Devanagari stays expensive whatever the
+# pretrain.txt is 6.44M tokens. Devanagari stays expensive whatever the
 # size: the gpt2 pre-tokenizer (\p{L}+ runs) cuts a word at every vowel sign
 # (a mark, not a letter), so Saru takes ~0.8 tokens per character where the
 # other languages take 0.25-0.45.
@@ -49,7 +53,7 @@
 # translate adapter: 0 % exact match in every direction) and left the
 # copying tasks at 30-60 %. The trainer now runs ~9,300 tokens/s here (2
 # threads, AVX-512, docs/benchmarks.md section 27; it was ~2,400), so the
-# hour allows 4 passes of the larger corpus instead of 1.3:
+# hour allows 3.5 passes of the larger corpus instead of 1.3:
 # BASE_STEPS=11000 steps of 16 x 128 tokens = 22.5M tokens, ~40 minutes.
 # The base sees pretrain.txt only, never a task prompt, so alone it scores
 # ~0 exact match on every task (the eval stage's --base rows check it).
