@@ -1069,7 +1069,7 @@ static void test_w2_corpus(const char *dir_a, const char *dir_b) {
     CHECK_MSG(lp_world_generate(dir_a, &p, &st, &err) == 0, "%s", err.message);
     CHECK(lp_world_generate(dir_b, &p, NULL, &err) == 0);
     CHECK(st.pretrain_lines == 900 && st.vocab_size == 1200);
-    CHECK(st.task_train_records == 60 * (LP_W2_N_TASKS - 1) + 180);
+    CHECK(st.task_train_records == 60 * (LP_W2_N_TASKS - 3) + 3 * 180);
     CHECK(st.task_eval_records == 18 * LP_W2_N_TASKS);
     CHECK(st.pretrain_tokens > 10000 && st.task_train_tokens > 5000);
     char a[1024], b[1024];
@@ -1150,7 +1150,8 @@ static void test_w2_corpus(const char *dir_a, const char *dir_b) {
         ntr[t] = read_records(a, &tr[t]);
         snprintf(a, sizeof a, "%s/tasks/%s.eval.jsonl", dir_a, lp_world2_task_name(t));
         nev[t] = read_records(a, &ev[t]);
-        CHECK(ntr[t] == (t == LP_W2_T_CORRECT ? 180 : 60) && nev[t] == 18);
+        CHECK(ntr[t] == lp_world2_train_records(&p, t) && nev[t] == 18);
+        CHECK(ntr[t] == (t == LP_W2_T_CORRECT || t == LP_W2_T_TRANSLATE || t == LP_W2_T_COMPOSE ? 180 : 60));
         for (int i = 0; i < ntr[t]; i++) {
             prompt_body(tr[t][i].prompt, body, sizeof body);
             set_add(&train, body);

@@ -29,7 +29,8 @@ static void world_usage(FILE *out) {
             "  --seed S        random seed (default 1)\n"
             "  --stories N     pretraining documents (default 40000)\n"
             "  --per-task N    train records per task (default 3000)\n"
-            "  --correct-factor F  the correct task gets F x as many (default 10)\n"
+            "  --correct-factor F  the correct task (version 2: also translate and\n"
+            "                  compose) gets F x as many (default 10)\n"
             "  --eval N        eval records per task (default 300)\n"
             "  --eval-percent P share of meanings reserved for eval (default 10)\n"
             "  --vocab N       BPE vocabulary size incl. 3 specials (default 768)\n");
