@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # QUAD for the demo adapters (docs/quad.md): shared quantization profiles of
-# the eight task adapters (int8 and int4; the anchor and the fallback
+# the demo's task adapters (int8 and int4; the anchor and the fallback
 # strategy), every adapter fitted to them by `quad fit` (on the f32 base and
 # on the deployed W4A8 base), and the evaluation table: per adapter its QSS
 # and exact match / chrF on the world's eval split for the FP32 adapter,
@@ -9,43 +9,49 @@
 # shared + KD on the W4A8 base (q4c, compiled unfused), each also relative
 # to FP32 on the f32 base; on the committed world's eval split and on the
 # eval split of a world drawn with another seed (EVAL_SEED2: the same
-# held-out meanings, other sentences). Then the over-the-air case: a ninth
-# adapter (style-curious, a style none of the eight saw) trained after the
+# held-out meanings, other sentences). Then the over-the-air case: one more
+# adapter (style-curious, a style none of the others saw) trained after the
 # profiles were fixed, fitted to them unchanged, scored against its FP32 self.
 #
-# Writes OUT (default models/demo/quad): shared.lpq (int8, the strategy the
+# Writes OUT (default DEMO/quad): shared.lpq (int8, the strategy the
 # rule picks), <task>.lpa (int8 shared + KD, f32 base), shared-int4.lpq and
-# <task>.int4.lpa beside them, ota/ (the ninth adapter: FP32, and fitted to
+# <task>.int4.lpa beside them, ota/ (the over-the-air adapter: FP32, and fitted to
 # both profiles), table.md and logs/ (the AIMET encodings of shared.lpq:
 # `loraplex quad export --profile shared.lpq --export-encodings F`).
 #
 #   scripts/make_quad.sh                      # everything (long on 2 cores)
 #   TASKS="correct translate" STEPS=30 scripts/make_quad.sh   # a subset
 #   BITS=4 STEPS4=300 scripts/make_quad.sh    # redo the int4 half only
+#   DEMO=models/demo-v2 WORLD_ARGS="--version 2" scripts/make_quad.sh   # the nine-language demo
 #
-# Each bit width's half of the table (its profile choice, sections, ninth-adapter
+# Each bit width's half of the table (its profile choice, sections, over-the-air
 # rows and fit times) is kept in logs/ with the settings that made it; table.md is
 # assembled from the halves there, so a run over one width keeps the other's.
 #
-# Environment: BUILD (build dir, default build), BITS (profile widths made,
+# Environment: BUILD (build dir, default build), DEMO (the model folder: base.gguf,
+# adapters/<task>.lpa; default models/demo), WORLD_ARGS (`loraplex world` options
+# that make DEMO's world, e.g. "--version 2"; default none: version 1), BITS (profile widths made,
 # fitted and evaluated, default "8 4"), TASKS (adapters fitted and
-# evaluated; the profiles always rank all eight), STEPS (quad fit steps,
+# evaluated; the profiles always rank all of DEMO/adapters/*.lpa), STEPS (quad fit steps,
 # default 60), STEPS4 (the int4 fits' steps, default STEPS: at int4 the
 # held-out loss still falls past 100 steps), BATCH (8), SEQ (128), LR (2e-4), KD (0.5), SEED (1), CALIB_N
 # (16 calibration records per adapter, from the world's train split),
 # THREADS (2), WORLD_SEED (the world's seed; default: the committed world),
 # EVAL_SEED2 (the second eval split's world seed, default 2), HOLDOUT (32
 # train records held out of each fit to pick its best step), ACT_CALIB
-# (mse|minmax activation ranges, default mse), OTA_STEPS (the ninth
+# (mse|minmax activation ranges, default mse), OTA_STEPS (the over-the-air
 # adapter's LoRA steps, default 300; made once: delete OUT/ota to redo), EVAL_MAX (records per task,
 # default all 300), OUT, WORK (scratch dir).
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
 bin="${BUILD:-$root/build}/loraplex"
-demo="$root/models/demo"
+demo=$(realpath "${DEMO:-$root/models/demo}")
 out="${OUT:-$demo/quad}"
 work="${WORK:-$(mktemp -d /tmp/make_quad.XXXXXX)}"
-all="correct style-formal style-polite style-jovial style-terse summary reply translate"
+# DEMO's adapters, in the order the profiles always took them
+all=$(for t in correct style-formal style-polite style-jovial style-terse summary reply translate compose; do
+  if [ -f "$demo/adapters/$t.lpa" ]; then printf '%s ' "$t"; fi
+done)
 tasks="${TASKS:-$all}"
 steps="${STEPS:-60}"; steps4="${STEPS4:-$steps}"; batch="${BATCH:-8}"; seq="${SEQ:-128}"; lr="${LR:-2e-4}"; kd="${KD:-0.5}"
 seed="${SEED:-1}"; calibn="${CALIB_N:-16}"; threads="${THREADS:-2}"
@@ -56,9 +62,11 @@ log="$out/logs"
 t_start=$(date +%s)
 
 echo "make_quad: work in $work, output in $out" >&2
-"$bin" world --out "$work/world" ${WORLD_SEED:+--seed "$WORLD_SEED"} >/dev/null
+# shellcheck disable=SC2086
+"$bin" world --out "$work/world" ${WORLD_ARGS:-} ${WORLD_SEED:+--seed "$WORLD_SEED"} >/dev/null
 T="$work/world/tasks"
-"$bin" world --out "$work/world2" --seed "$seed2" --stories 0 >/dev/null
+# shellcheck disable=SC2086
+"$bin" world --out "$work/world2" ${WORLD_ARGS:-} --seed "$seed2" --stories 0 >/dev/null
 T2="$work/world2/tasks"
 "$bin" compile "$demo/base.gguf" -o "$work/q4c.lpx" --weights q4c --no-fuse >/dev/null 2>&1
 list=$(for t in $all; do printf '%s=%s,' "$t" "$demo/adapters/$t.lpa"; done); list=${list%,}
@@ -123,7 +131,7 @@ for bits in $bitset; do
   {
     echo
     echo "int$bits: made by \`scripts/make_quad.sh\` (STEPS=$([ "$bits" = 4 ] && echo "$steps4" || echo "$steps") BATCH=$batch SEQ=$seq LR=$lr KD=$kd SEED=$seed"
-    echo "CALIB_N=$calibn HOLDOUT=$holdout ACT_CALIB=$actcalib EVAL_SEED2=$seed2${WORLD_SEED:+ WORLD_SEED=$WORLD_SEED}${EVAL_MAX:+ EVAL_MAX=$EVAL_MAX});"
+    echo "CALIB_N=$calibn HOLDOUT=$holdout ACT_CALIB=$actcalib EVAL_SEED2=$seed2${WORLD_ARGS:+ WORLD_ARGS='$WORLD_ARGS'}${WORLD_SEED:+ WORLD_SEED=$WORLD_SEED}${EVAL_MAX:+ EVAL_MAX=$EVAL_MAX});"
     echo "profile, rule's choice: **${chosen[$bits]}** ($(grep '^rule:' "$log/profile-int$bits-auto.txt"))"
   } > "$part"
   for strat in anchor fallback; do
@@ -153,14 +161,17 @@ for bits in $bitset; do
   done
 done
 
-# ---- over the air: a ninth adapter made after the profiles were fixed ---------------------
-# style-curious: a style none of the eight adapters (nor the profiles' calibration) saw;
-# trained on the frozen base from the jovial adapter's weights, then fitted to the
-# committed profiles as they are (nothing else is re-quantized or recompiled).
+# ---- over the air: one more adapter made after the profiles were fixed ---------------------
+# style-curious: a style none of the other adapters (nor the profiles' calibration) saw;
+# trained on the frozen base from the jovial adapter's weights (its PEFT folder where
+# DEMO has one), then fitted to the committed profiles as they are (nothing else is
+# re-quantized or recompiled).
 ota="style-curious"
 if [ ! -f "$out/ota/$ota.lpa" ]; then
   t0=$(date +%s)
-  "$bin" train-lora --base "$demo/base.gguf" --data "$T/$ota.train.jsonl" --init-adapter "$demo/adapters/style-jovial" \
+  init="$demo/adapters/style-jovial"
+  [ -d "$init" ] || init="$init.lpa"
+  "$bin" train-lora --base "$demo/base.gguf" --data "$T/$ota.train.jsonl" --init-adapter "$init" \
     --batch 16 --seq 128 --pack --lr 2e-3 --min-lr 2e-4 --warmup 20 --wd 0 --clip 1.0 --seed "$seed" \
     --threads "$threads" --eval-every 0 --log-every 50 --steps "$ota_steps" -o "$work/$ota" 2>"$log/ota-train.log"
   "$bin" adapter compile "$work/$ota" --base "$demo/base.gguf" -o "$out/ota/$ota.lpa" >/dev/null 2>&1
@@ -200,7 +211,7 @@ table="$out/table.md"
   echo
   echo "## Over the air: \`$ota\`, fitted to the committed profiles"
   echo
-  echo "A ninth adapter, trained after the profiles were fixed ($ota_steps LoRA steps on the frozen base,"
+  echo "One more adapter, trained after the profiles were fixed ($ota_steps LoRA steps on the frozen base,"
   echo "starting from the jovial adapter's weights), then fitted to shared.lpq / shared-int4.lpq as"
   echo "they are. Cells: committed split; world seed $seed2 split."
   echo
