@@ -3,8 +3,8 @@
 # models/demo (its adapters fitted to the shared QUAD profile) and shows
 # every task and the four concurrent styles; the
 # committed base with a committed adapter reaches high exact match on
-# committed eval records (and the base alone does not); every adapter loads
-# in both its forms (.lpa and PEFT directory).
+# committed eval records (and the base alone does not), in both worlds;
+# every adapter loads in both its forms (.lpa and PEFT directory).
 set -u
 bin="$1"; work="$3/cli_demo_tmp"
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -65,10 +65,10 @@ grep -q "^\[translate\]" <<<"$out3" && grep -q "version 1" <<<"$out3" && ok ||
   bad "demo without LORAPLEX_DEMO_DIR is not version 1's"
 
 # exact match of committed adapters on committed eval records
-em() { # task, adapter-or-empty -> exact match % over all languages
-  local task=$1 spec=$2 want=${2%%=*} json
-  json=$("$bin" eval-tasks -m "$demo/base.gguf" ${spec:+--adapters "$spec"} \
-         --data "$demo/eval/tasks" --tasks "$task" --max 24 -t 2 --json 2>"$work/eval.err")
+em() { # task, adapter-or-empty [, demo folder] -> exact match % over all languages
+  local task=$1 spec=$2 want=${2%%=*} dir=${3:-$demo} json
+  json=$("$bin" eval-tasks -m "$dir/base.gguf" ${spec:+--adapters "$spec"} \
+         --data "$dir/eval/tasks" --tasks "$task" --max 24 -t 2 --json 2>"$work/eval.err")
   python3 -c '
 import json, sys
 d = json.loads(sys.stdin.read())
@@ -82,12 +82,24 @@ for t in summary reply style-polite; do
 done
 e=$(em correct "")
 [ "$e" -ge 0 ] && [ "$e" -le 30 ] && ok || bad "base alone on correct: $e% (expected low)"
+# version 2: the nine-language adapters on its committed eval records (every
+# language in turn), and its base alone
+for t in translate compose style-polite; do
+  e=$(em "$t" "$t=$v2/adapters/$t.lpa" "$v2")
+  [ "$e" -ge 85 ] && ok || { bad "version 2 $t adapter exact match $e% < 85%"; cat "$work/eval.err" >&2; }
+done
+for t in translate compose; do
+  e=$(em "$t" "" "$v2")
+  [ "$e" -ge 0 ] && [ "$e" -le 10 ] && ok || bad "version 2 base alone on $t: $e% (expected ~0)"
+done
 
-# every adapter loads in both forms against the base
-for t in $tasks; do
-  for form in "$demo/adapters/$t.lpa" "$demo/adapters/$t"; do
-    "$bin" adapter info "$form" -m "$demo/base.gguf" >/dev/null 2>"$work/info.err" && ok ||
-      { bad "adapter info $form"; cat "$work/info.err" >&2; }
+# every adapter loads in both forms against its base
+for d in "$demo" "$v2"; do
+  for t in $tasks $([ "$d" = "$v2" ] && echo compose); do
+    for form in "$d/adapters/$t.lpa" "$d/adapters/$t"; do
+      "$bin" adapter info "$form" -m "$d/base.gguf" >/dev/null 2>"$work/info.err" && ok ||
+        { bad "adapter info $form"; cat "$work/info.err" >&2; }
+    done
   done
 done
 
