@@ -1142,6 +1142,13 @@ static void test_w2_corpus(const char *dir_a, const char *dir_b) {
     }
     free(text);
     CHECK(pre.n > 1000);
+    /* one document per story for `train --text` (a blank line ends one), so
+     * the base is trained to end a text with EOS */
+    text = read_all(a, &n);
+    int blanks = 0;
+    for (size_t i = 0; text && i + 1 < n; i++) blanks += text[i] == '\n' && text[i + 1] == '\n';
+    CHECK_MSG(blanks == 900 - 1, "pretrain.txt: %d blank lines for 900 documents", blanks);
+    free(text);
     rec *tr[LP_W2_N_TASKS] = {0}, *ev[LP_W2_N_TASKS] = {0};
     int ntr[LP_W2_N_TASKS], nev[LP_W2_N_TASKS];
     char body[1024];

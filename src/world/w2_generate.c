@@ -84,9 +84,14 @@ static int write_pretrain(w2_gen *g, const char *dir, lp_error *err) {
             fclose(f);
             return -1;
         }
+        /* A blank line ends a document for `loraplex train --text`: each
+         * document is then BOS ... EOS, so the base learns where a text
+         * ends. (On one line each, the file was one document: EOS was never
+         * a target, its output row stayed with the unused tokens', and an
+         * adapter's EOS won by a hair in f32 and lost it quantized.) */
         fwrite(line, 1, (size_t)n, f);
-        fputc('\n', f);
-        g->st->pretrain_bytes += (size_t)n + 1;
+        fputs(i + 1 < g->p->stories ? "\n\n" : "\n", f);
+        g->st->pretrain_bytes += (size_t)n + (i + 1 < g->p->stories ? 2 : 1);
         g->st->pretrain_lines++;
     }
     return world_close_out(f, path, err);
@@ -219,7 +224,8 @@ static int write_readme(const w2_gen *g, const char *dir, lp_error *err) {
     readme_langs(f, g->w);
     fprintf(f,
             "\n## Files\n\n"
-            "- `pretrain.txt`: %zu documents, one per line (%zu bytes), each in one of the\n"
+            "- `pretrain.txt`: %zu documents, one per line, a blank line between them (the\n"
+            "  trainer's document boundary: BOS ... EOS) (%zu bytes), each in one of the\n"
             "  nine languages: short stories (2 in 10), runs of sentences about one subject\n"
             "  (2 in 10), sentence pairs `<sentence> = <same meaning in another language>`\n"
             "  (any pair; 4 in 10), and runs of unrelated sentences the tasks write (styled\n"
