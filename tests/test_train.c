@@ -736,6 +736,43 @@ static void test_jsonl(void) {
     lp_gguf_close(g);
 }
 
+/* Plain text: a blank line ends a document, and each document is BOS ...
+ * EOS in the stream; lines without blank lines between them are one
+ * document (EOS once), which n_docs and n_lines make visible. */
+static void test_text(void) {
+    lp_error err;
+    lp_gguf *g = lp_gguf_open(vocab_path(), &err);
+    CHECK_MSG(g != NULL, "%s", err.message);
+    if (!g) return;
+    lp_tokenizer *tok = lp_tokenizer_from_gguf(g, &err);
+    int32_t bos = lp_tokenizer_bos(tok), eos = lp_tokenizer_eos(tok);
+    char path[512];
+    snprintf(path, sizeof path, "%s/test_train.txt", LP_BINARY_DIR);
+    const char *texts[2] = {"Once upon a time.\n\nThe cat sat.\n\n\nA dog ran.\n",
+                            "Once upon a time.\nThe cat sat.\nA dog ran.\n"};
+    for (int k = 0; k < 2; k++) {
+        FILE *f = fopen(path, "w");
+        fputs(texts[k], f);
+        fclose(f);
+        lp_train_data d = {0};
+        CHECK_MSG(lp_train_data_load_text(&d, path, tok, &err) == 0, "%s", err.message);
+        size_t n_bos = 0, n_eos = 0;
+        for (size_t i = 0; i < d.n_stream; i++) {
+            n_bos += d.stream[i] == bos;
+            n_eos += d.stream[i] == eos;
+        }
+        size_t want = k == 0 ? 3 : 1;
+        CHECK_MSG(d.n_docs == want && n_bos == want && n_eos == want,
+                  "text %d: %zu documents, %zu BOS, %zu EOS", k, d.n_docs, n_bos, n_eos);
+        CHECK(d.n_stream > 0 && d.stream[0] == bos && d.stream[d.n_stream - 1] == eos);
+        CHECK(d.n_lines == (k == 0 ? 0 : 2)); /* line breaks inside documents */
+        lp_train_data_free(&d);
+    }
+    remove(path);
+    lp_tokenizer_free(tok);
+    lp_gguf_close(g);
+}
+
 /* ---- kernel levels and packing ------------------------------------------------- */
 
 /* Loss and gradients of one batch at a given matrix-kernel level. */
@@ -965,6 +1002,7 @@ int main(void) {
     test_peft_runtime();
     test_qat();
     test_jsonl();
+    test_text();
     test_gemm_levels();
     test_attention_levels(pool);
     test_packing();

@@ -296,9 +296,14 @@ static int run_training(train_opts *o, lp_train_model *m, lp_adamw *opt, lp_rng 
         cli_fail("data", &err);
         goto done;
     }
-    fprintf(stderr, "data: %zu text tokens, %d records%s", train.n_stream, train.n_ex,
-            o->eval ? "" : "\n");
+    fprintf(stderr, "data: %zu text tokens in %zu documents, %d records%s", train.n_stream,
+            train.n_docs, train.n_ex, o->eval ? "" : "\n");
     if (o->eval) fprintf(stderr, "; eval: %d records\n", eval.n_ex);
+    /* many lines, few documents: likely a file of one document per line */
+    if (o->text && train.n_lines > 100 * train.n_docs)
+        fprintf(stderr, "note: %s: %zu line breaks but %zu document(s): --text ends a document at a "
+                        "blank line, and each ends in EOS, the only place a model learns to "
+                        "end a text\n", o->text, train.n_lines, train.n_docs);
     pool = lp_threadpool_create(o->threads > 0 ? (int)o->threads : lp_default_threads(), &err);
     if (!pool || lp_train_model_reserve(m, (int)o->batch, (int)o->seq, &err) < 0) {
         cli_fail("train", &err);

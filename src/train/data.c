@@ -132,6 +132,7 @@ int lp_train_data_load_text(lp_train_data *d, const char *path, const lp_tokeniz
         while (len > 0 && (start[len - 1] == '\n' || start[len - 1] == '\r')) len--;
         while (len > 0 && (*start == '\n' || *start == '\r')) start++, len--;
         if (len == 0) continue;
+        for (size_t i = 0; i < len; i++) d->n_lines += start[i] == '\n';
         int32_t *ids = NULL;
         int n = data_encode(tok, start, len, lp_tokenizer_bos(tok) >= 0, &ids, err);
         if (n < 0) {
@@ -141,6 +142,7 @@ int lp_train_data_load_text(lp_train_data *d, const char *path, const lp_tokeniz
         rc = stream_append(d, ids, (size_t)n, err);
         free(ids);
         if (rc == 0 && eos >= 0) rc = stream_append(d, &eos, 1, err);
+        d->n_docs++;
     }
     free(text);
     if (rc == 0 && d->n_stream < 2) rc = lp_fail(err, "%s: no text", path);

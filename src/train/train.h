@@ -269,6 +269,9 @@ typedef struct lp_train_data {
     int n_ex;
     int32_t *stream;         /* plain text token stream */
     size_t n_stream;
+    size_t n_docs;           /* documents in it (each BOS ... EOS) */
+    size_t n_lines;          /* line breaks inside its documents, to spot a file meant as one
+                                document per line (see lp_train_data_load_text) */
     /* text of records (for exact-match eval) is not kept */
 } lp_train_data;
 
@@ -279,7 +282,9 @@ typedef struct lp_train_data {
 int lp_train_data_load_jsonl(lp_train_data *d, const char *path,
                              const lp_tokenizer *tok, lp_error *err);
 /* Plain text: documents separated by blank lines, each BOS + tokens + EOS,
- * concatenated into one stream. */
+ * concatenated into one stream. A file of one document per line is one
+ * document here: EOS is then a target once, and a model never learns to
+ * end a text (n_docs and n_lines let a caller say so). */
 int lp_train_data_load_text(lp_train_data *d, const char *path,
                             const lp_tokenizer *tok, lp_error *err);
 void lp_train_data_free(lp_train_data *d);
