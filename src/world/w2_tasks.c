@@ -433,12 +433,20 @@ static void task_sentences(const lp_world2 *w, lp_rng *rng, int eval_percent, in
     lp_world_record r;
     train_record(w, rng, eval_percent, task, lang, &r);
     if (task == LP_W2_T_REPLY) {
-        /* the message: the prompt after "reply: ", without its newline */
-        size_t n = strlen(r.prompt);
-        r.prompt[n - 1] = '\0';
-        sb_put(s, r.prompt + strlen("reply: "));
-        sb_put(s, " ");
+        /* a message (the prompt after "reply: ", without its newline) and
+         * the reply to another one, in either order: a reply opens a line in
+         * its record, where its first word is cut into other tokens than
+         * after a space, so replies must open documents too */
+        char message[sizeof r.prompt];
+        size_t skip = strlen("reply: "), n = strlen(r.prompt) - 1 - skip;
+        memcpy(message, r.prompt + skip, n);
+        message[n] = '\0';
         train_record(w, rng, eval_percent, task, lang, &r);
+        bool reply_first = world_rand(rng, 2);
+        sb_put(s, reply_first ? r.completion : message);
+        sb_put(s, " ");
+        sb_put(s, reply_first ? message : r.completion);
+        return;
     }
     sb_put(s, r.completion);
 }
