@@ -1340,6 +1340,15 @@ static void first_word(const char *text, char *out, size_t cap) {
     set_free(&one);
 }
 
+/* Members of set not in seen; *example: the first of them ("" if none). */
+static int count_unseen(const str_set *set, const str_set *seen, const char **example) {
+    int unseen = 0;
+    *example = "";
+    for (size_t i = 0; i <= set->mask; i++)
+        if (set->slots[i] && !set_has(seen, set->slots[i]) && !unseen++) *example = set->slots[i];
+    return unseen;
+}
+
 /* Every word a task writes is one the base reads in pretraining: the
  * completions of 3,000 records of each task (and the replies' messages)
  * against 100,000 pretraining documents (the corpus has 200,000).
@@ -1377,13 +1386,8 @@ static void test_w2_pretrain_covers_tasks(const lp_world2 *w) {
             }
         }
         CHECK(pre.n * 2 < pre.mask && task_words.n > 50);
-        int unseen = 0;
-        const char *example = "";
-        for (size_t i = 0; i <= task_words.mask; i++)
-            if (task_words.slots[i] && !set_has(&pre, task_words.slots[i])) {
-                if (!unseen) example = task_words.slots[i];
-                unseen++;
-            }
+        const char *example, *example_first;
+        int unseen = count_unseen(&task_words, &pre, &example);
         /* a few rare forms may be missing from this 100,000-document sample
          * (a capitalized plural object opening a message in an SOV
          * language: reply 5-12 of ~1,310 words as the draws fall); without
@@ -1398,13 +1402,7 @@ static void test_w2_pretrain_covers_tasks(const lp_world2 *w) {
          * word must open some pretraining document too, or its pieces are
          * tokens the base never trained (reply's "Zuzi," was "Z" + "uzi",
          * 25 of 300 eval replies, when every reply came after its message). */
-        int unseen_first = 0;
-        const char *example_first = "";
-        for (size_t i = 0; i <= task_first.mask; i++)
-            if (task_first.slots[i] && !set_has(&pre_first, task_first.slots[i])) {
-                if (!unseen_first) example_first = task_first.slots[i];
-                unseen_first++;
-            }
+        int unseen_first = count_unseen(&task_first, &pre_first, &example_first);
         CHECK_MSG(unseen_first * 200 <= (int)task_first.n,
                   "%s: %d of its %zu first words never open a pretraining document (e.g. '%s')",
                   lp_world2_task_name(t), unseen_first, task_first.n, example_first);
