@@ -1325,19 +1325,18 @@ static void add_words(str_set *set, const char *text) {
     }
 }
 
-/* The first word of text, without its trailing punctuation. */
+/* The first word of text, without its trailing punctuation (as add_words
+ * cuts words). */
 static void first_word(const char *text, char *out, size_t cap) {
-    char buf[4096];
-    snprintf(buf, sizeof buf, "%s", text);
-    char *sp = strchr(buf, ' ');
-    if (sp) *sp = '\0';
-    str_set one;
-    set_init(&one);
-    add_words(&one, buf);
-    out[0] = '\0';
-    for (size_t i = 0; i <= one.mask; i++)
-        if (one.slots[i]) snprintf(out, cap, "%s", one.slots[i]);
-    set_free(&one);
+    size_t n = strcspn(text, " ");
+    if (n >= cap) n = cap - 1;
+    memcpy(out, text, n);
+    for (;;) {
+        if (n >= 3 && !strncmp(out + n - 3, "।", 3)) n -= 3;
+        else if (n > 0 && strchr(".,?!", out[n - 1])) n--;
+        else break;
+    }
+    out[n] = '\0';
 }
 
 /* Members of set not in seen; *example: the first of them ("" if none). */
