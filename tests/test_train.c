@@ -696,12 +696,22 @@ static void test_export_peft(void) {
 }
 
 /* JSONL: prompt tokens unmasked, completion + EOS masked in, padding masked out. */
+/* The test vocabulary's tokenizer (*g: its file, closed by the caller). */
+static lp_tokenizer *open_vocab(lp_gguf **g) {
+    lp_error err;
+    *g = lp_gguf_open(vocab_path(), &err);
+    CHECK_MSG(*g != NULL, "%s", err.message);
+    return *g ? lp_tokenizer_from_gguf(*g, &err) : NULL;
+}
+
 static void test_jsonl(void) {
     lp_error err;
-    lp_gguf *g = lp_gguf_open(vocab_path(), &err);
-    CHECK_MSG(g != NULL, "%s", err.message);
-    if (!g) return;
-    lp_tokenizer *tok = lp_tokenizer_from_gguf(g, &err);
+    lp_gguf *g;
+    lp_tokenizer *tok = open_vocab(&g);
+    if (!tok) {
+        lp_gguf_close(g);
+        return;
+    }
     char path[512];
     snprintf(path, sizeof path, "%s/test_train.jsonl", LP_BINARY_DIR);
     FILE *f = fopen(path, "w");
@@ -741,10 +751,12 @@ static void test_jsonl(void) {
  * document (EOS once), which n_docs and n_lines make visible. */
 static void test_text(void) {
     lp_error err;
-    lp_gguf *g = lp_gguf_open(vocab_path(), &err);
-    CHECK_MSG(g != NULL, "%s", err.message);
-    if (!g) return;
-    lp_tokenizer *tok = lp_tokenizer_from_gguf(g, &err);
+    lp_gguf *g;
+    lp_tokenizer *tok = open_vocab(&g);
+    if (!tok) {
+        lp_gguf_close(g);
+        return;
+    }
     int32_t bos = lp_tokenizer_bos(tok), eos = lp_tokenizer_eos(tok);
     char path[512];
     snprintf(path, sizeof path, "%s/test_train.txt", LP_BINARY_DIR);

@@ -31,7 +31,7 @@ static uint64_t make_v2(const void *user, lp_rng *rng, int task, int lang, lp_wo
  * translation has 72 directions and composing five intents x nine languages
  * of keyword slots; with per_task records an adapter's 10-minute stage
  * reads each record ~50 times and learns the records, not the grammar. */
-int lp_world2_train_records(const lp_world_params *p, int task) {
+static int train_records(const lp_world_params *p, int task) {
     bool many = task == LP_W2_T_CORRECT || task == LP_W2_T_TRANSLATE || task == LP_W2_T_COMPOSE;
     return many ? p->per_task * p->correct_factor : p->per_task;
 }
@@ -43,7 +43,7 @@ static int draw_task(w2_gen *g, int task, FILE *train, FILE *eval, lp_error *err
         .task_name = lp_world2_task_name(task), .task = task, .n_langs = LP_W2_N_LANGS,
         .make = make_v2, .user = g->w,
         .seed = p->seed * 1000033u + (uint64_t)task * 7907u + 29u,
-        .n_train = lp_world2_train_records(p, task),
+        .n_train = train_records(p, task),
         .n_eval = p->eval_per_task, .per_task = p->per_task, .eval_percent = p->eval_percent,
         .train = train, .eval = eval, .bpe = g->bpe, .first = &g->first[task], .by_lang = g->sample[task],
         .st = g->st,
@@ -235,9 +235,10 @@ static int write_readme(const w2_gen *g, const char *dir, lp_error *err) {
             "  answer.\n"
             "- `tasks/<task>.train.jsonl`, `tasks/<task>.eval.jsonl`: %zu train and %zu eval\n"
             "  records in all, `{\"task\",\"lang\",[\"style\"],\"prompt\",\"completion\"}`: %d\n"
-            "  train records per task, %d for `correct`, `translate` and `compose`, %d eval records per task, the\n"
-            "  languages in turn. Train and eval never share a meaning (split by a hash of the\n"
-            "  meaning's core, the same in every language; %d%% of cores are eval). Every\n"
+            "  train records per task, %d for `correct`, `translate` and `compose`, %d eval\n"
+            "  records per task, the languages in turn. Train and eval never share a meaning\n"
+            "  (split by a hash of the meaning's core, the same in every language; %d%% of\n"
+            "  cores are eval). Every\n"
             "  prompt has exactly one right completion. The model input is BOS + prompt (ends\n"
             "  in a newline) + completion + EOS; generation stops at EOS or a newline.\n"
             "- `vocab.gguf`: a byte-level BPE vocabulary (%d tokens: <s>=0, </s>=1, <pad>=2,\n"

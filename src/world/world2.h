@@ -156,11 +156,10 @@ void lp_world2_compose(const lp_world2 *w, const lp_w2_compose *c, int lang,
 /* ---- the corpus directory --------------------------------------------------------- */
 
 /* Defaults for version 2: seed 1, 200000 documents, 3000 train records per
- * task (correct, translate and compose x10), 300 eval, 10% eval meanings, vocabulary 4096 (the
- * largest the trainer takes: see scripts/make_demo_v2.sh for why). */
+ * task (correct, translate and compose x10), 300 eval, 10% eval meanings,
+ * vocabulary 4096 (the largest the trainer takes: see scripts/make_demo_v2.sh
+ * for why). */
 lp_world_params lp_world2_default_params(void);
-/* Train records a task gets under p (per_task, or per_task x correct_factor). */
-int lp_world2_train_records(const lp_world_params *p, int task);
 /* Writes the version-2 corpus (the same files as version 1, without
  * correct.v1.train.jsonl, plus tasks/compose.* and tasks/style-curious.*). */
 int lp_world2_generate(const char *dir, const lp_world_params *p, lp_world_stats *stats,
