@@ -12,8 +12,8 @@
 # environment:
 #   LORAPLEX  the loraplex binary (default: build/loraplex)
 #   WORK      scratch folder (default: /tmp/loraplex-demo-v2)
-#   OUT       where the artifacts go (default: models/demo-v2; models/demo stays
-#             version 1's until the lead moves the demo)
+#   OUT       where the artifacts go (default: models/demo-v2, the folder
+#             `loraplex demo` runs; models/demo is version 1's)
 #   THREADS   training/eval threads (default 2)
 #   TASKS     tasks the tasks stage trains (default: the nine trained tasks)
 #   BASE_STEPS, SHARED_STEPS, SHARED2_STEPS, TASK_STEPS, LONG_TASK_STEPS   override the step
