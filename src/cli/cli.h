@@ -31,9 +31,9 @@ int cli_image(int argc, char **argv);
 /* loraplex compile of an SD checkpoint: weights LP_W8 or LP_F32 */
 int cli_image_compile(const char *in, const char *out, uint32_t weight_type, bool int8_activations);
 
-/* The demo world's folder (models/demo: base.gguf and the adapters folder of .lpa files):
- * LORAPLEX_DEMO_DIR, else models/demo beside the executable or above it,
- * else in the current directory. */
+/* The demo world's folder (base.gguf and the adapters folder of .lpa files):
+ * LORAPLEX_DEMO_DIR, else models/demo-v2 (else version 1's models/demo)
+ * beside the executable or above it, else in the current directory. */
 bool cli_find_demo_dir(char *out, size_t cap);
 int cli_forecast_random(int argc, char **argv);
 int cli_train_forecast(int argc, char **argv);

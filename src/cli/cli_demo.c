@@ -1,6 +1,6 @@
 /* loraplex demo: the built-in default job, on the project's own demo world
- * (models/demo: three languages, the default; or models/demo-v2: nine
- * languages in six scripts; each a small llama base trained from
+ * (models/demo-v2: nine languages in six scripts, the default; or
+ * models/demo: version 1's three languages; each a small llama base trained from
  * scratch by our trainer and one LoRA adapter per task, see the folder's
  * README.md).
  *
@@ -14,7 +14,7 @@
  *      text in fewer passes, both timed.
  *
  * Sample inputs are drawn from the world generator's eval split (meanings
- * the adapters never saw in training). Without models/demo it falls back to
+ * the adapters never saw in training). Without a demo folder it falls back to
  * the tiny pretrained stories260K model from shared/models. */
 #include <limits.h>
 #include <stdio.h>
@@ -49,11 +49,22 @@ static bool is_world2_dir(const char *dir) {
     return file_exists(path);
 }
 
-/* LORAPLEX_DEMO_DIR, else models/demo in the executable's folder or one of
- * its parents (a build folder inside the source tree), else in the current
- * directory. The default stays version 1's world until version 2's
- * adapters reach their targets (models/demo-v2/README.md);
- * LORAPLEX_DEMO_DIR=models/demo-v2 runs the nine-language world. */
+/* The demo folders, newest world first: a checkout holds both, and the
+ * demo runs the nine-language world unless LORAPLEX_DEMO_DIR names
+ * another (models/demo: version 1, kept so its figures can be rerun). */
+static const char *const demo_dirs[] = {"models/demo-v2", "models/demo"};
+
+static bool find_in(const char *root, char *out, size_t cap) {
+    for (size_t i = 0; i < sizeof demo_dirs / sizeof demo_dirs[0]; i++) {
+        int len = root ? snprintf(out, cap, "%s/%s", root, demo_dirs[i]) : snprintf(out, cap, "%s", demo_dirs[i]);
+        if (len > 0 && (size_t)len < cap && is_demo_dir(out)) return true;
+    }
+    return false;
+}
+
+/* LORAPLEX_DEMO_DIR, else a demo folder in the executable's folder or one
+ * of its parents (a build folder inside the source tree), else in the
+ * current directory. */
 bool cli_find_demo_dir(char *out, size_t cap) {
     const char *env = getenv("LORAPLEX_DEMO_DIR");
     if (env && env[0]) {
@@ -68,12 +79,10 @@ bool cli_find_demo_dir(char *out, size_t cap) {
             char *slash = strrchr(exe, '/');
             if (!slash) break;
             *slash = '\0';
-            int len = snprintf(out, cap, "%s/models/demo", exe);
-            if (len > 0 && (size_t)len < cap && is_demo_dir(out)) return true;
+            if (find_in(exe, out, cap)) return true;
         }
     }
-    snprintf(out, cap, "models/demo");
-    return is_demo_dir(out);
+    return find_in(NULL, out, cap);
 }
 
 /* ---- the fallback: stories260K --------------------------------------------------- */
@@ -624,8 +633,8 @@ int cli_demo(int argc, char **argv) {
         const char *a = argv[i], *v;
         if (!strcmp(a, "-h") || !strcmp(a, "--help")) {
             printf("usage: loraplex demo [--seed S] [-t THREADS]\n"
-                   "Runs the demo world's base with its task adapters (models/demo, or\n"
-                   "LORAPLEX_DEMO_DIR, e.g. models/demo-v2 for the nine-language world);\n"
+                   "Runs the demo world's base with its task adapters (models/demo-v2, the\n"
+                   "nine-language world; or LORAPLEX_DEMO_DIR, e.g. models/demo for version 1);\n"
                    "--seed picks the sample inputs (default 7).\n");
             return 0;
         }
@@ -641,7 +650,7 @@ int cli_demo(int argc, char **argv) {
     }
     char dir[PATH_MAX];
     if (!cli_find_demo_dir(dir, sizeof dir)) {
-        fprintf(stderr, "loraplex demo: no demo world artifacts found (models/demo, or set "
+        fprintf(stderr, "loraplex demo: no demo world artifacts found (models/demo-v2, or set "
                         "LORAPLEX_DEMO_DIR); running stories260K instead\n\n");
         return stories_demo();
     }

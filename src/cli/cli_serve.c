@@ -219,7 +219,7 @@ static int serve(int argc, char **argv, serve_names *names) {
     if (!p.model) {
         char dir[PATH_MAX];
         if (!cli_find_demo_dir(dir, sizeof dir)) {
-            fprintf(stderr, "loraplex serve: no -m MODEL and no demo world (models/demo) found\n");
+            fprintf(stderr, "loraplex serve: no -m MODEL and no demo world (models/demo-v2) found\n");
             return 2;
         }
         snprintf(names->demo_base, sizeof names->demo_base, "%s/base.gguf", dir);
