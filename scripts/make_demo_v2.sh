@@ -41,7 +41,7 @@
 # inflected forms; multi-byte scripts cost 2-3 bytes a letter), and for a
 # base this small the output matrix (vocab x dim) is one matmul per token,
 # so 4096 buys the most text per second of training. Under it the current
-# pretrain.txt is 6.44M tokens. Devanagari stays expensive whatever the
+# pretrain.txt is 6.63M tokens (200,000 documents). Devanagari stays expensive whatever the
 # size: the gpt2 pre-tokenizer (\p{L}+ runs) cuts a word at every vowel sign
 # (a mark, not a letter), so Saru takes ~0.8 tokens per character where the
 # other languages take 0.25-0.45.
@@ -59,7 +59,7 @@
 # copying tasks at 30-60 %. The trainer now runs ~9,300 tokens/s here (2
 # threads, AVX-512, docs/benchmarks.md section 27; it was ~2,400), so the
 # hour allows 3.5 passes of the larger corpus instead of 1.3:
-# BASE_STEPS=11000 steps of 16 x 128 tokens = 22.5M tokens, ~40 minutes.
+# BASE_STEPS=11000 steps of 16 x 128 tokens = 22.5M tokens, 40-45 minutes (2679 s on Dec 7).
 # The base sees pretrain.txt only, never a task prompt, so alone it scores
 # ~0 exact match on every task (the eval stage's --base rows check it).
 #
